@@ -1,0 +1,30 @@
+# The two commands a new machine needs: `make demo` and `make test`.
+# Everything else is installed from the Pipfile into .venv/ on first use.
+PYTHON ?= python3
+PIPENV := PIPENV_VENV_IN_PROJECT=1 PIPENV_YES=1 PIPENV_NOSPIN=1 PIPENV_QUIET=1 $(PYTHON) -m pipenv
+VENV_PY := .venv/bin/python
+PIPENV_VERSION := 2026.10.3
+
+.PHONY: demo test install stack bench clean
+
+.venv/installed: Pipfile
+	$(PYTHON) -m pipenv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "pipenv==$(PIPENV_VERSION)"
+	$(PIPENV) install --dev
+	touch $@
+
+install: .venv/installed
+
+demo: install
+	$(VENV_PY) -m demo
+
+stack: install
+	$(VENV_PY) -m devstack
+
+test: install
+	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(VENV_PY) -m bench
+
+clean:
+	rm -rf .venv .devstack out

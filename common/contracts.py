@@ -1,0 +1,228 @@
+"""The names other systems depend on (SPEC.md sections 1, 2 and 4), in one place.
+
+Operators type these Redis keys into ``redis-cli`` and downstream consumers
+subscribe to these topics, so each name is written here once and imported
+everywhere else; renaming one is a breaking change to the SPEC.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+# --- Kafka topics (SPEC 1) -------------------------------------------------
+INBOUND_TOPIC = "inbound_images"
+SOURCE_TOPIC_PREFIX = "urls."
+METADATA_TOPIC = "image_metadata_updates"
+LINK_ROT_TOPIC = "link_rot"
+CRAWL_ERRORS_TOPIC = "crawl_errors"
+REJECTED_TOPIC = "rejected_messages"
+SOURCE_TOPIC_PATTERN = r"^urls\..+"
+
+# Consumer groups: every worker shares one group so Kafka spreads partitions.
+SPLITTER_GROUP = "crawl_monitor_splitter"
+WORKER_GROUP = "image_crawler_workers"
+
+
+def source_topic(source: str) -> str:
+    return f"{SOURCE_TOPIC_PREFIX}{source}"
+
+
+def source_of_topic(topic: str) -> str:
+    return topic[len(SOURCE_TOPIC_PREFIX):]
+
+
+# --- Redis keys (SPEC 2) -------------------------------------------------
+INBOUND_SOURCES = "inbound_sources"
+NUM_SPLIT = "num_split"
+HALTED = "halted"
+TEMP_HALTED = "temp_halted"
+NUM_RESIZED = "num_resized"
+RESIZE_ERRORS = "resize_errors"
+LAST_50_LENGTH = 50
+
+STATUS_WINDOWS = {  # key prefix -> window length in seconds
+    "status60s": 60,
+    "status1hr": 60 * 60,
+    "status12hr": 12 * 60 * 60,
+}
+
+
+def tokens_key(source: str) -> str:
+    return f"currtokens:{source}"
+
+
+def override_rate_key(source: str) -> str:
+    return f"override_rate:{source}"
+
+
+def status_window_key(prefix: str, source: str) -> str:
+    return f"{prefix}:{source}"
+
+
+def one_minute_window_key(source: str) -> str:
+    return status_window_key("status60s", source)
+
+
+def last_50_key(source: str) -> str:
+    return f"statuslast50req:{source}"
+
+
+def resized_key(source: str) -> str:
+    return f"{NUM_RESIZED}:{source}"
+
+
+def errors_key(source: str, status: str | None = None) -> str:
+    return f"{RESIZE_ERRORS}:{source}" if status is None else f"{RESIZE_ERRORS}:{source}:{status}"
+
+
+# Keys beyond the SPEC's table, owned by this project (politeness state).
+def retry_after_key(source: str) -> str:
+    """Unix time until which a source gets no tokens (a 429/503 Retry-After)."""
+    return f"retry_after:{source}"
+
+
+def robots_key(origin: str) -> str:
+    return f"robots:{origin}"
+
+
+def robots_lock_key(origin: str) -> str:
+    return f"robots_lock:{origin}"
+
+
+def crawl_delay_key(origin: str) -> str:
+    return f"crawl_delay_next:{origin}"
+
+
+def source_requests_key(source: str) -> str:
+    """Every request a worker makes, for achieved-rate reporting."""
+    return f"num_requests:{source}"
+
+
+# --- Statuses ------------------------------------------------------------
+# Outcomes that say nothing bad about the site's health: never trip a breaker.
+EXPECTED_STATUSES = frozenset(
+    {"200", "301", "302", "303", "307", "308", "404", "410",
+     "UnidentifiedImageError", "RobotsDisallowed"}
+)
+
+
+def is_expected_status(status: str) -> bool:
+    return status in EXPECTED_STATUSES or (status.isdigit() and 300 <= int(status) < 400)
+
+
+# --- Log events (SPEC 4) -------------------------------------------------
+EVENT_MONITORING_UPDATE = "monitoring_update"
+EVENT_CRAWL_HALTED = "crawl_halted"
+EVENT_CRAWL_RESUMED = "crawl_resumed"
+EVENT_SOURCE_UNKNOWN = "source_unknown"
+EVENT_RETRY_AFTER = "source_paused_retry_after"
+
+
+def utc_now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+# --- Inbound message validation (SPEC 1, issue 3) -------------------------
+MAX_URL_LENGTH = 2048
+MAX_REJECTED_RAW_BYTES = 4096
+_SOURCE_RE = re.compile(r"^[a-z0-9_.-]+$")
+MAX_SOURCE_LENGTH = 200  # a topic name may be at most 249 characters
+
+
+class InvalidMessage(ValueError):
+    """An inbound message that cannot be crawled; its text is the reason given."""
+
+
+@dataclass(frozen=True)
+class CrawlRequest:
+    url: str
+    uuid: str
+    source: str
+    attempts: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"url": self.url, "uuid": self.uuid, "source": self.source, "attempts": self.attempts}
+        ).encode()
+
+
+def validate_url(url: Any) -> str:
+    if not isinstance(url, str) or not url:
+        raise InvalidMessage("url must be a non-empty string")
+    if len(url) >= MAX_URL_LENGTH:
+        raise InvalidMessage(f"url is {len(url)} characters; the limit is under {MAX_URL_LENGTH}")
+    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url):
+        raise InvalidMessage("url contains whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises ValueError on a bad port
+    except ValueError as exc:
+        raise InvalidMessage(f"url does not parse: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidMessage(f"url scheme must be http or https, not {parts.scheme!r}")
+    if not parts.hostname:
+        raise InvalidMessage("url has no host")
+    return url
+
+
+def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
+    """Parse and validate an ``inbound_images`` / ``urls.{source}`` message.
+
+    Raises InvalidMessage with a reason fit for ``rejected_messages``.
+    """
+    if raw is None:
+        raise InvalidMessage("message has no value")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidMessage(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidMessage(f"expected a JSON object, got {type(data).__name__}")
+    url = validate_url(data.get("url"))
+    uuid = data.get("uuid")
+    if not isinstance(uuid, str) or not uuid.strip():
+        raise InvalidMessage("uuid must be a non-empty string")
+    source = data.get("source")
+    if not isinstance(source, str):
+        raise InvalidMessage("source must be a string")
+    source = source.lower()
+    if not _SOURCE_RE.match(source) or len(source) > MAX_SOURCE_LENGTH:
+        raise InvalidMessage(f"source {source[:80]!r} must match [a-z0-9_.-]+ (at most {MAX_SOURCE_LENGTH})")
+    attempts = data.get("attempts", 0)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+        raise InvalidMessage("attempts must be a non-negative integer")
+    return CrawlRequest(url=url, uuid=uuid, source=source, attempts=attempts)
+
+
+# --- Outbound message shapes (SPEC 1) -------------------------------------
+def rejected_message(topic: str, raw: bytes | None, error: str) -> bytes:
+    text = (raw or b"")[:MAX_REJECTED_RAW_BYTES].decode("utf-8", errors="replace")
+    return json.dumps({"topic": topic, "raw": text, "error": error, "time": utc_now_iso()}).encode()
+
+
+def link_rot_message(identifier: str) -> bytes:
+    return json.dumps({"identifier": identifier, "time": utc_now_iso()}).encode()
+
+
+def crawl_error_message(request: CrawlRequest, reason: str, status: int | None) -> bytes:
+    return json.dumps({
+        "identifier": request.uuid, "url": request.url, "source": request.source,
+        "reason": reason, "status": status, "attempts": request.attempts,
+        "time": utc_now_iso(),
+    }).encode()
+
+
+def quality_message(identifier: str, width: int, height: int,
+                    compression_quality: int | None, filesize: int, **extra: Any) -> bytes:
+    return json.dumps({
+        "identifier": identifier, "width": width, "height": height,
+        "compression_quality": compression_quality, "filesize": filesize, **extra,
+    }).encode()
+
+
+def exif_message(identifier: str, exif: dict[str, Any]) -> bytes:
+    return json.dumps({"identifier": identifier, "exif": exif}).encode()

@@ -1,0 +1,170 @@
+"""confluent-kafka, kept off the event loop.
+
+librdkafka's poll/consume/commit/flush block, so every call on a client goes
+through that client's own single thread (the clients are not safe for
+concurrent calls). A produce is awaited until the broker acknowledges it:
+offsets are committed only after the outcome is durable (at-least-once),
+and a full local queue is waited out instead of dropping the message.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+T = TypeVar("T")
+
+# tansu (and small clusters) make the default 45 s session a 20 s+ group join.
+SESSION_TIMEOUT_MS = 6000
+
+
+def producer_config(hosts: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": hosts,
+        "acks": "all",
+        "linger.ms": 5,
+        "message.timeout.ms": 120_000,
+        "queue.buffering.max.messages": 200_000,
+        **extra,
+    }
+
+
+def consumer_config(hosts: str, group: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": hosts,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": SESSION_TIMEOUT_MS,
+        "heartbeat.interval.ms": 1000,
+        "topic.metadata.refresh.interval.ms": 5000,
+        **extra,
+    }
+
+
+class DeliveryFailed(Exception):
+    """The broker did not acknowledge a message."""
+
+
+class AsyncProducer:
+    """A Producer whose ``send`` resolves when the broker acknowledges the message."""
+
+    def __init__(self, config: dict[str, Any]):
+        self._producer = Producer(config)
+        self._stopping = threading.Event()
+        self._poller = threading.Thread(target=self._poll_forever, name="kafka-producer-poll", daemon=True)
+        self._poller.start()
+
+    def _poll_forever(self) -> None:
+        while not self._stopping.is_set():
+            self._producer.poll(0.1)
+
+    async def send(self, topic: str, value: bytes, key: bytes | str | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            loop.call_soon_threadsafe(_resolve, future, err)
+
+        await self._produce(topic, value, key, on_delivery)
+        await future
+
+    async def _produce(self, topic: str, value: bytes, key: Any, on_delivery: Callable) -> None:
+        # produce() only enqueues; a full queue raises BufferError, which we wait out.
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                return
+            except BufferError:
+                await asyncio.sleep(0.05)
+
+    def produce_sync(self, topic: str, value: bytes, key: Any = None,
+                     on_delivery: Callable | None = None) -> None:
+        """For code already on a worker thread: enqueue, waiting out a full queue."""
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                return
+            except BufferError:
+                time.sleep(0.05)
+
+    def flush_sync(self, timeout: float = 30.0) -> int:
+        return self._producer.flush(timeout)
+
+    async def flush(self, timeout: float = 30.0) -> int:
+        """Wait for every queued message; returns how many are still undelivered."""
+        return await asyncio.to_thread(self._producer.flush, timeout)
+
+    async def close(self, timeout: float = 30.0) -> int:
+        remaining = await self.flush(timeout)
+        self._stopping.set()
+        await asyncio.to_thread(self._poller.join)
+        return remaining
+
+
+def _resolve(future: asyncio.Future[None], err: KafkaError | None) -> None:
+    if future.done():
+        return
+    if err is None:
+        future.set_result(None)
+    else:
+        future.set_exception(DeliveryFailed(str(err)))
+
+
+class AsyncConsumer:
+    """A Consumer whose every call runs on one dedicated thread."""
+
+    def __init__(self, config: dict[str, Any]):
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-consumer")
+        self._consumer: Consumer = self._executor.submit(Consumer, config).result()
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(consumer, *args)`` on the consumer's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(self._consumer, *args, **kwargs))
+
+    async def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        await self.call(lambda c: c.subscribe(topics, **callbacks))
+
+    async def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        return await self.call(lambda c: c.consume(num_messages=num_messages, timeout=timeout))
+
+    async def commit_offsets(self, offsets: list) -> None:
+        """Synchronously commit explicit offsets (``TopicPartition`` with next offset)."""
+        if offsets:
+            await self.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
+
+    async def close(self) -> None:
+        try:
+            await self.call(lambda c: c.close())
+        finally:
+            self._executor.shutdown(wait=True)
+
+
+def ensure_topics(hosts: str, topics: Iterable[str], partitions: int, timeout: float = 15.0) -> None:
+    """Create topics with ``partitions`` partitions; existing ones are left as they are."""
+    names = list(topics)
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": hosts})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names],
+        operation_timeout=timeout, request_timeout=timeout,
+    )
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+def list_topics(hosts: str, timeout: float = 10.0) -> dict[str, int]:
+    """Topic name -> partition count."""
+    metadata = AdminClient({"bootstrap.servers": hosts}).list_topics(timeout=timeout)
+    return {name: len(topic.partitions) for name, topic in metadata.topics.items()}

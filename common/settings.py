@@ -1,0 +1,161 @@
+"""Settings from the environment (SPEC 5), parsed once at start.
+
+A bad value stops the process before it touches anything, with one line
+naming the setting: an operator reading a crash-looping container's log
+should see the cause in the first line, not in a traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, fields
+from typing import Callable, Mapping, TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+DEFAULT_SOURCES_URL = "https://api.openverse.org/v1/images/stats/"
+DEFAULT_USER_AGENT = (
+    "cc-image-crawler/1.0 (+https://github.com/cc-archive/image-crawler; polite image analysis bot)"
+)
+
+
+class SettingsError(ValueError):
+    """A setting's value is unusable; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = "redis://localhost:6379/0"
+    kafka_hosts: str = "localhost:9092"
+    sources_url: str = DEFAULT_SOURCES_URL
+    s3_endpoint_url: str | None = None
+    s3_bucket: str = "cc-image-analysis"
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+    aws_default_region: str = "us-east-1"
+    target_resolution: int = 640
+    max_tasks: int = 500
+    max_retries: int = 1
+    kafka_partitions: int = 4
+    crawl_user_agent: str = DEFAULT_USER_AGENT
+    crawl_allow_private_networks: bool = False
+    max_image_bytes: int = 50 * 1024 * 1024
+    crawl_per_host_connections: int = 8
+    monitor_port: int = 8090
+    shutdown_timeout: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+
+        def get(name: str, parse: Callable[[str], T], default: T) -> T:
+            raw = env.get(name, "")
+            if raw.strip() == "":
+                return default
+            try:
+                return parse(raw.strip())
+            except (ValueError, TypeError) as exc:
+                raise SettingsError(f"{name}={raw!r} is invalid: {exc}") from None
+
+        d = cls()
+        return cls(
+            redis_url=get("REDIS_URL", _url("redis", "rediss", "unix"), d.redis_url),
+            kafka_hosts=get("KAFKA_HOSTS", _hosts, d.kafka_hosts),
+            sources_url=get("SOURCES_URL", str, d.sources_url),
+            s3_endpoint_url=get("S3_ENDPOINT_URL", _url("http", "https"), None),
+            s3_bucket=get("S3_BUCKET", _nonempty, d.s3_bucket),
+            aws_access_key_id=get("AWS_ACCESS_KEY_ID", str, None),
+            aws_secret_access_key=get("AWS_SECRET_ACCESS_KEY", str, None),
+            aws_default_region=get("AWS_DEFAULT_REGION", str, d.aws_default_region),
+            target_resolution=get("TARGET_RESOLUTION", _int_in(16, 10_000), d.target_resolution),
+            max_tasks=get("MAX_TASKS", _int_in(1, 100_000), d.max_tasks),
+            max_retries=get("MAX_RETRIES", _int_in(0, 100), d.max_retries),
+            kafka_partitions=get("KAFKA_PARTITIONS", _int_in(1, 10_000), d.kafka_partitions),
+            crawl_user_agent=get("CRAWL_USER_AGENT", _user_agent, d.crawl_user_agent),
+            crawl_allow_private_networks=get("CRAWL_ALLOW_PRIVATE_NETWORKS", _bool, False),
+            max_image_bytes=get("MAX_IMAGE_BYTES", _int_in(1024, 2**40), d.max_image_bytes),
+            crawl_per_host_connections=get(
+                "CRAWL_PER_HOST_CONNECTIONS", _int_in(1, 1000), d.crawl_per_host_connections),
+            monitor_port=get("MONITOR_PORT", _int_in(0, 65535), d.monitor_port),
+            shutdown_timeout=get("SHUTDOWN_TIMEOUT", _float_in(0, 3600), d.shutdown_timeout),
+        )
+
+    def s3_client_kwargs(self) -> dict[str, str]:
+        """Keyword arguments for ``aiobotocore`` ``create_client('s3', ...)``."""
+        kwargs = {"region_name": self.aws_default_region}
+        if self.s3_endpoint_url:
+            kwargs["endpoint_url"] = self.s3_endpoint_url
+        if self.aws_access_key_id:
+            kwargs["aws_access_key_id"] = self.aws_access_key_id
+        if self.aws_secret_access_key:
+            kwargs["aws_secret_access_key"] = self.aws_secret_access_key
+        return kwargs
+
+
+def _nonempty(raw: str) -> str:
+    if not raw:
+        raise ValueError("must not be empty")
+    return raw
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return value
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return value
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _url(*schemes: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        parts = urlsplit(raw)
+        if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
+            raise ValueError(f"must be a {'/'.join(schemes)} URL")
+        return raw
+    return parse
+
+
+def _hosts(raw: str) -> str:
+    for host in raw.split(","):
+        name, _, port = host.strip().rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError("must be a comma-separated list of host:port")
+    return raw
+
+
+def _user_agent(raw: str) -> str:
+    if not raw.isprintable() or "/" not in raw.split()[0]:
+        raise ValueError("must start with a product token such as name/1.0")
+    return raw
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings for a process entry point: exit with one line on a bad value."""
+    try:
+        return Settings.from_env(env)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+SETTING_NAMES = [f.name.upper() for f in fields(Settings)]

@@ -1,0 +1,1 @@
+"""``make demo``: the whole crawl on the local stack."""

