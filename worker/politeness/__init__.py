@@ -1,0 +1,35 @@
+"""What a fetch must ask before and after touching a website (SPEC 3, issue 5).
+
+The worker's fetcher (``worker/fetch.py``) calls a ``RequestGate`` for every
+hop of a request, the first URL and each redirect target, in this order:
+
+1. ``await gate.before_request(url, source)``: may raise ``Refused``
+   (``RobotsDisallowed``, ``ForbiddenAddress``) before any token is spent;
+   waits while the host's robots.txt is being fetched by whichever worker
+   got there first.
+2. the fetcher takes a ``currtokens:{source}`` token.
+3. ``async with gate.host_slot(url):`` around the request itself: the
+   per-host concurrency cap and Crawl-delay spacing.
+4. ``await gate.after_response(url, source, status, headers)``: Retry-After
+   on 429/503 pauses the source for the whole cluster.
+"""
+from __future__ import annotations
+
+from typing import AsyncContextManager, Mapping, Protocol
+
+
+class Refused(Exception):
+    """A URL this crawler must not request; ``reason`` is its crawl_errors reason."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class RequestGate(Protocol):
+    async def before_request(self, url: str, source: str) -> None: ...
+
+    def host_slot(self, url: str) -> AsyncContextManager[None]: ...
+
+    async def after_response(self, url: str, source: str, status: int,
+                             headers: Mapping[str, str]) -> None: ...
