@@ -97,6 +97,11 @@ def crawl_delay_key(origin: str) -> str:
     return f"crawl_delay_next:{origin}"
 
 
+def rate_limit_key(source: str) -> str:
+    """The effective rate (req/s) the monitor grants a source, for workers and dashboards."""
+    return f"rate_limit:{source}"
+
+
 def source_requests_key(source: str) -> str:
     """Every request a worker makes, for achieved-rate reporting."""
     return f"num_requests:{source}"
