@@ -125,6 +125,9 @@ EVENT_CRAWL_HALTED = "crawl_halted"
 EVENT_CRAWL_RESUMED = "crawl_resumed"
 EVENT_SOURCE_UNKNOWN = "source_unknown"
 EVENT_RETRY_AFTER = "source_paused_retry_after"
+# Worker-side politeness events (issue 5).
+EVENT_RETRY_AFTER_RECEIVED = "retry_after_received"
+EVENT_ROBOTS_FETCHED = "robots_fetched"
 
 
 def utc_now_iso() -> str:
