@@ -1,0 +1,325 @@
+"""The monitor's HTTP face: Prometheus metrics, a JSON status and a dashboard.
+
+The JSON log is the record; this is for the people and scrapers watching a
+crawl live. Everything is read from Redis (the cluster's shared state) or
+from the monitor's latest ``monitoring_update``, so the server holds no
+state of its own except one hour of samples for the dashboard's chart.
+
+Wiring it into the monitor's main::
+
+    runner = await start_http_api(settings, redis, lambda: monitor.latest_update)
+    ...
+    await runner.cleanup()   # stops the server and the sampler
+
+``start_http_api(settings_or_port, redis, latest_update, *, host="0.0.0.0",
+sample_every=5.0) -> aiohttp.web.AppRunner``. ``settings_or_port`` is a
+``Settings`` (its ``monitor_port``, MONITOR_PORT) or a port number (0 picks a
+free port: read it from ``runner.addresses[0][1]``). ``redis`` is a
+``redis.asyncio`` client, with or without ``decode_responses``.
+``latest_update`` takes no argument and returns the latest
+``monitoring_update`` dict (SPEC 4) or None before the first one.
+
+Endpoints:
+
+- ``/metrics``: Prometheus text format, per source in ``inbound_sources``:
+  requests, successes, errors by status, rate limit, tokens, halts.
+- ``/status``: the latest ``monitoring_update`` as JSON (its own keys
+  unchanged; ``event`` is null before the first one), plus ``sources`` (the
+  live per-source state from Redis, with the achieved request rate) and
+  ``history`` (samples of the last hour, oldest first; ``?since=UNIX_TIME``
+  returns only newer ones, so the dashboard fetches increments).
+- ``/``: the dashboard (``static/``), which polls ``/status``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from collections import deque
+from contextlib import suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Iterable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from common.contracts import (EVENT_HTTP_API_ERROR, EVENT_HTTP_API_STARTED, HALTED, INBOUND_SOURCES,
+                              TEMP_HALTED, errors_key, override_rate_key, rate_limit_key,
+                              resized_key, source_requests_key, tokens_key)
+from common.jsonlog import log_event
+from common.settings import Settings
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+SAMPLE_SECONDS = 5.0  # the monitor logs an update every 5 s; sampling faster adds nothing
+HISTORY_SECONDS = 3600.0
+GENERAL_CHART_KEYS = ("success_rps", "error_rps", "processing_rate", "global_max_rps")
+
+UpdateGetter = Callable[[], "dict[str, Any] | None"]
+
+
+# --- Reading Redis -----------------------------------------------------------
+@dataclass
+class SourceState:
+    """One source as Redis sees it now; shared by /metrics, /status and ``ctl status``."""
+    requests: int = 0
+    successes: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    rate_limit: float | None = None
+    override: float | None = None
+    tokens: int | None = None
+    halted: bool = False
+    temp_halted: bool = False
+
+    @property
+    def error_total(self) -> int:
+        return sum(self.errors.values())
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _number(value: bytes | str | None) -> float | None:
+    """Counters are written by other processes (and operators): tolerate junk."""
+    if value is None:
+        return None
+    try:
+        number = float(_text(value))
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _count(value: bytes | str | None) -> int:
+    number = _number(value)
+    return int(number) if number is not None else 0
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+async def _read_errors(redis: Redis, source: str) -> dict[str, int]:
+    prefix = errors_key(source, "")
+    keys = [_text(k) async for k in redis.scan_iter(match=errors_key(_glob_escape(source), "*"), count=500)]
+    if not keys:
+        return {}
+    values = await redis.mget(keys)
+    return {key[len(prefix):]: _count(v) for key, v in sorted(zip(keys, values))}
+
+
+async def read_sources(redis: Redis) -> dict[str, SourceState]:
+    """Every source in ``inbound_sources`` with its counters, limits and halts."""
+    sources = sorted(_text(s) for s in await redis.smembers(INBOUND_SOURCES))
+    halted = {_text(s) for s in await redis.smembers(HALTED)}
+    temp_halted = {_text(s) for s in await redis.smembers(TEMP_HALTED)}
+    pipe = redis.pipeline(transaction=False)
+    for source in sources:
+        for key in (source_requests_key(source), resized_key(source), rate_limit_key(source),
+                    override_rate_key(source), tokens_key(source)):
+            pipe.get(key)
+    values = await pipe.execute()
+    states = {}
+    for i, source in enumerate(sources):
+        requests, successes, rate, override, tokens = values[5 * i:5 * i + 5]
+        states[source] = SourceState(
+            requests=_count(requests), successes=_count(successes),
+            errors=await _read_errors(redis, source),
+            rate_limit=_number(rate), override=_number(override),
+            tokens=None if _number(tokens) is None else int(_number(tokens)),
+            halted=source in halted, temp_halted=source in temp_halted,
+        )
+    return states
+
+
+# --- /metrics ------------------------------------------------------------------
+class SourcesCollector(Collector):
+    """Renders one Redis snapshot as metric families.
+
+    ``collect()`` is synchronous and the Redis client is async, so the
+    handler awaits the snapshot at scrape time and this turns it into
+    metrics; a fresh registry per scrape keeps concurrent scrapes apart.
+    """
+
+    def __init__(self, sources: dict[str, SourceState]):
+        self.sources = sources
+
+    def collect(self) -> Iterable[Any]:
+        per_source = [
+            CounterMetricFamily("crawler_source_requests", "Requests workers sent (num_requests:{source}).",
+                                labels=["source"]),
+            CounterMetricFamily("crawler_source_successes", "Images resized (num_resized:{source}).",
+                                labels=["source"]),
+            GaugeMetricFamily("crawler_source_rate_limit_rps", "Rate the monitor grants (rate_limit:{source}).",
+                              labels=["source"]),
+            GaugeMetricFamily("crawler_source_tokens", "Tokens left in the bucket (currtokens:{source}).",
+                              labels=["source"]),
+            GaugeMetricFamily("crawler_source_halted", "1 if the circuit breaker halted the source (halted).",
+                              labels=["source"]),
+            GaugeMetricFamily("crawler_source_temp_halted", "1 if the source is paused for an error surge "
+                              "(temp_halted).", labels=["source"]),
+        ]
+        requests, successes, rate, tokens, halted, temp_halted = per_source
+        errors = CounterMetricFamily("crawler_source_errors", "Failures by status "
+                                     "(resize_errors:{source}:{status}).", labels=["source", "status"])
+        for source, state in self.sources.items():
+            requests.add_metric([source], state.requests)
+            successes.add_metric([source], state.successes)
+            if state.rate_limit is not None:
+                rate.add_metric([source], state.rate_limit)
+            if state.tokens is not None:
+                tokens.add_metric([source], state.tokens)
+            halted.add_metric([source], int(state.halted))
+            temp_halted.add_metric([source], int(state.temp_halted))
+            for status, count in state.errors.items():
+                errors.add_metric([source, status], count)
+        yield from per_source
+        yield errors
+
+
+def render_metrics(sources: dict[str, SourceState]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SourcesCollector(sources))
+    return generate_latest(registry)
+
+
+# --- History for the chart ---------------------------------------------------
+class History:
+    """The last hour of samples: the log is a stream and Prometheus may not be
+    deployed, so the dashboard's chart needs a short memory of its own."""
+
+    def __init__(self, span: float = HISTORY_SECONDS):
+        self.span = span
+        self.samples: deque[dict[str, Any]] = deque()
+        self._last_requests: dict[str, int] = {}
+        self._last_time: float | None = None
+
+    def add(self, now: float, update: dict[str, Any] | None,
+            sources: dict[str, SourceState] | None) -> dict[str, Any]:
+        """Record one sample; the achieved rate is requests since the last one."""
+        general = (update or {}).get("general") or {}
+        sample: dict[str, Any] = {
+            "time": now,
+            "general": {k: general.get(k) for k in GENERAL_CHART_KEYS} if general else None,
+            "sources": {},
+        }
+        elapsed = now - self._last_time if self._last_time is not None else 0.0
+        for source, state in (sources or {}).items():
+            before = self._last_requests.get(source)
+            rps = (max(state.requests - before, 0) / elapsed
+                   if before is not None and elapsed > 0 else None)
+            sample["sources"][source] = {"rps": rps, "rate_limit": state.rate_limit}
+        if sources is not None:
+            self._last_requests = {s: st.requests for s, st in sources.items()}
+            self._last_time = now
+        self.samples.append(sample)
+        while self.samples and self.samples[0]["time"] < now - self.span:
+            self.samples.popleft()
+        return sample
+
+    def since(self, after: float) -> list[dict[str, Any]]:
+        return [s for s in self.samples if s["time"] > after]
+
+    def achieved_rps(self, source: str) -> float | None:
+        for sample in reversed(self.samples):
+            rps = sample["sources"].get(source, {}).get("rps")
+            if rps is not None:
+                return rps
+        return None
+
+
+# --- The server --------------------------------------------------------------
+class _Api:
+    def __init__(self, redis: Redis, latest_update: UpdateGetter, history: History):
+        self.redis = redis
+        self.latest_update = latest_update
+        self.history = history
+
+    def _update(self) -> dict[str, Any] | None:
+        """A failing callable must not take the dashboard down with it."""
+        try:
+            return self.latest_update()
+        except Exception as exc:  # noqa: BLE001 - anything the monitor raises
+            log_event(EVENT_HTTP_API_ERROR, where="latest_update", error=repr(exc))
+            return None
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        try:
+            sources = await read_sources(self.redis)
+        except RedisError as exc:
+            log_event(EVENT_HTTP_API_ERROR, where="metrics", error=repr(exc))
+            return web.Response(status=503, text=f"cannot read Redis: {exc}\n")
+        return web.Response(body=render_metrics(sources),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def status(self, request: web.Request) -> web.Response:
+        try:
+            since = float(request.query.get("since", "0"))
+        except ValueError:
+            raise web.HTTPBadRequest(text="since must be a Unix time in seconds\n") from None
+        body: dict[str, Any] = dict(self._update() or {"event": None})
+        try:
+            sources = await read_sources(self.redis)
+            body["sources"] = {s: {**asdict(st), "error_total": st.error_total,
+                                   "achieved_rps": self.history.achieved_rps(s)}
+                               for s, st in sources.items()}
+        except RedisError as exc:
+            body["sources"], body["redis_error"] = None, str(exc)
+        body["history"] = self.history.since(since)
+        body["server_time"] = time.time()
+        return web.Response(text=json.dumps(body, default=str), content_type="application/json")
+
+    async def index(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html")
+
+    async def sample_forever(self, every: float) -> None:
+        while True:
+            try:
+                sources = await read_sources(self.redis)
+            except RedisError as exc:
+                log_event(EVENT_HTTP_API_ERROR, where="sampler", error=repr(exc))
+                sources = None
+            self.history.add(time.time(), self._update(), sources)
+            await asyncio.sleep(every)
+
+
+def make_app(redis: Redis, latest_update: UpdateGetter, sample_every: float = SAMPLE_SECONDS) -> web.Application:
+    api = _Api(redis, latest_update, History())
+
+    async def sampler(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(api.sample_forever(sample_every))
+        yield
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+    app = web.Application()
+    app.cleanup_ctx.append(sampler)
+    app.router.add_get("/", api.index)
+    app.router.add_get("/metrics", api.metrics)
+    app.router.add_get("/status", api.status)
+    app.router.add_static("/static/", STATIC_DIR)
+    return app
+
+
+async def start_http_api(settings_or_port: Settings | int, redis: Redis, latest_update: UpdateGetter,
+                         *, host: str = "0.0.0.0", sample_every: float = SAMPLE_SECONDS) -> web.AppRunner:
+    """Serve until ``await runner.cleanup()``; see the module docstring."""
+    port = settings_or_port if isinstance(settings_or_port, int) else settings_or_port.monitor_port
+    runner = web.AppRunner(make_app(redis, latest_update, sample_every), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    log_event(EVENT_HTTP_API_STARTED, host=host, port=runner.addresses[0][1])
+    return runner

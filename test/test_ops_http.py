@@ -1,0 +1,168 @@
+"""The monitor's HTTP server against the real Redis: /metrics, /status, the dashboard files."""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+import aiohttp
+import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
+
+from common import contracts as c
+from common.contracts import utc_now_iso
+from crawl_monitor.http_api import History, SourceState, start_http_api
+
+
+async def seed(redis) -> None:
+    """Three sources in the states an operator meets: healthy, paused, halted."""
+    await redis.sadd(c.INBOUND_SOURCES, "flickr", "animaldiversity", "phylopic")
+    await redis.sadd(c.HALTED, "phylopic")
+    await redis.sadd(c.TEMP_HALTED, "animaldiversity")
+    await redis.mset({
+        c.source_requests_key("flickr"): 13250, c.resized_key("flickr"): 13188,
+        c.errors_key("flickr", "500"): 20, c.errors_key("flickr", "Timeout"): 2,
+        c.rate_limit_key("flickr"): 178.375, c.tokens_key("flickr"): 120,
+        c.source_requests_key("animaldiversity"): 40, c.resized_key("animaldiversity"): 18,
+        c.errors_key("animaldiversity", "503"): 22, c.rate_limit_key("animaldiversity"): 0.5,
+        c.override_rate_key("animaldiversity"): 0.5, c.tokens_key("animaldiversity"): 0,
+        c.source_requests_key("phylopic"): 68, c.resized_key("phylopic"): 18,
+        c.errors_key("phylopic", "500"): 50, c.rate_limit_key("phylopic"): 0.2,
+        c.tokens_key("phylopic"): 0,
+        c.errors_key("flickr"): 22,  # the per-source total is not a status
+    })
+
+
+def monitoring_update() -> dict[str, Any]:
+    """A monitoring_update as the monitor logs it (SPEC 4)."""
+    return {
+        "event": c.EVENT_MONITORING_UPDATE, "time": utc_now_iso(),
+        "general": {"global_max_rps": 179.075, "error_rps": 0.4, "processing_rate": 42.7,
+                    "success_rps": 42.3, "circuit_breaker_tripped": ["phylopic"], "num_resized": 13224,
+                    "resize_errors": 94, "split_rate": 12.5},
+        "specific": {
+            "flickr": {"successful": 13188, "error": 22, "rate_limit": 178.375,
+                       "last_50_statuses": {"200": 48, "500": 2}},
+            "animaldiversity": {"successful": 18, "error": 22, "rate_limit": 0.5,
+                                "last_50_statuses": {"200": 18, "503": 22}},
+            "phylopic": {"successful": 18, "error": 50, "rate_limit": 0.2,
+                         "last_50_statuses": {"500": 50}},
+        },
+    }
+
+
+@asynccontextmanager
+async def serve(redis, latest: Callable[[], Any], sample_every: float = 5.0) -> AsyncIterator[str]:
+    runner = await start_http_api(0, redis, latest, host="127.0.0.1", sample_every=sample_every)
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
+    await seed(redis_client)
+    async with serve(redis_client, monitoring_update) as base:
+        status, text = await get(f"{base}/metrics")
+    assert status == 200
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(name: str, source: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted({"source": source, **labels}.items())))]
+
+    assert value("crawler_source_requests_total", "flickr") == 13250
+    assert value("crawler_source_successes_total", "flickr") == 13188
+    assert value("crawler_source_errors_total", "flickr", status="500") == 20
+    assert value("crawler_source_errors_total", "flickr", status="Timeout") == 2
+    assert value("crawler_source_errors_total", "phylopic", status="500") == 50
+    assert value("crawler_source_rate_limit_rps", "flickr") == 178.375
+    assert value("crawler_source_tokens", "flickr") == 120
+    assert [value("crawler_source_halted", s) for s in ("flickr", "animaldiversity", "phylopic")] == [0, 0, 1]
+    assert [value("crawler_source_temp_halted", s) for s in ("flickr", "animaldiversity", "phylopic")] == [0, 1, 0]
+    error_statuses = {dict(k[1])["status"] for k in samples if k[0] == "crawler_source_errors_total"}
+    assert error_statuses == {"500", "Timeout", "503"}
+
+
+async def test_metrics_answer_503_when_redis_is_down() -> None:
+    dead = aioredis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    try:
+        async with serve(dead, lambda: None) as base:
+            status, text = await get(f"{base}/metrics")
+            status_code, _ = await get(f"{base}/status")
+    finally:
+        await dead.aclose()
+    assert status == 503 and "Redis" in text
+    assert status_code == 200  # the dashboard still shows the monitor's update and a banner
+
+
+async def test_status_has_the_latest_update_live_sources_and_history(redis_client) -> None:
+    await seed(redis_client)
+    update = monitoring_update()
+    async with serve(redis_client, lambda: update, sample_every=0.1) as base:
+        await asyncio.sleep(0.25)
+        await redis_client.incrby(c.source_requests_key("flickr"), 50)
+        await asyncio.sleep(0.35)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/status") as response:
+                body = await response.json()
+            last = body["history"][-1]["time"]
+            async with session.get(f"{base}/status", params={"since": str(last)}) as response:
+                assert (await response.json())["history"] == []
+            async with session.get(f"{base}/status", params={"since": "soon"}) as response:
+                assert response.status == 400
+    assert {k: body[k] for k in ("event", "time", "general", "specific")} == update
+    flickr = body["sources"]["flickr"]
+    assert (flickr["requests"], flickr["successes"], flickr["errors"]) == (13300, 13188, {"500": 20, "Timeout": 2})
+    assert (flickr["rate_limit"], flickr["tokens"], flickr["error_total"]) == (178.375, 120, 22)
+    assert body["sources"]["phylopic"]["halted"] and body["sources"]["animaldiversity"]["temp_halted"]
+    assert body["sources"]["animaldiversity"]["override"] == 0.5
+    assert len(body["history"]) >= 3
+    assert any((s["sources"]["flickr"]["rps"] or 0) > 0 for s in body["history"])
+    assert body["history"][-1]["general"]["success_rps"] == 42.3
+
+
+async def test_status_before_the_first_update_and_with_a_failing_callable(redis_client) -> None:
+    await seed(redis_client)
+
+    def broken() -> dict:
+        raise RuntimeError("monitor not ready")
+
+    for latest in (lambda: None, broken):
+        async with serve(redis_client, latest) as base, aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/status") as response:
+                body = await response.json()
+        assert body["event"] is None and "general" not in body
+        assert sorted(body["sources"]) == ["animaldiversity", "flickr", "phylopic"]
+
+
+async def test_dashboard_files_are_served_from_the_package(redis_client) -> None:
+    async with serve(redis_client, lambda: None) as base:
+        status, html = await get(f"{base}/")
+        js_status, js = await get(f"{base}/static/app.js")
+        css_status, _ = await get(f"{base}/static/style.css")
+    assert status == js_status == css_status == 200
+    assert "/static/app.js" in html
+    assert not re.search(r'(src|href)="(https?:)?//', html), "the dashboard must not load from a CDN"
+    assert "fetch(`/status" in js
+
+
+def test_history_computes_achieved_rates_and_keeps_one_hour() -> None:
+    history = History(span=3600)
+    t0 = time.time()
+    history.add(t0, None, {"a": SourceState(requests=100, rate_limit=2.0)})
+    sample = history.add(t0 + 5, monitoring_update(), {"a": SourceState(requests=110, rate_limit=2.0)})
+    assert sample["sources"]["a"] == {"rps": 2.0, "rate_limit": 2.0}
+    assert sample["general"]["success_rps"] == 42.3
+    history.add(t0 + 10, None, None)  # Redis unreachable: the next rate spans the gap
+    assert history.add(t0 + 15, None, {"a": SourceState(requests=130)})["sources"]["a"]["rps"] == 2.0
+    assert history.achieved_rps("a") == 2.0
+    history.add(t0 + 3700, None, {})
+    assert [round(s["time"] - t0) for s in history.samples] == [3700]
