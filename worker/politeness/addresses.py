@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from worker.politeness import Refused
+from worker.politeness.ttl_cache import TtlCache
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolve = Callable[[str, int], Awaitable[list[str]]]
@@ -69,8 +70,7 @@ class AddressGuard:
                  clock: Callable[[], float] = time.monotonic):
         self.enabled = enabled
         self._resolve = resolve
-        self._clock = clock
-        self._verdicts: dict[tuple[str, int], tuple[float, str | None]] = {}
+        self._verdicts: TtlCache[tuple[str, int], str] = TtlCache(clock)
 
     async def check(self, url: str) -> None:
         """Raise Refused(ForbiddenAddress); a failed lookup passes (the fetch fails on its own)."""
@@ -79,14 +79,12 @@ class AddressGuard:
         parts = urlsplit(url)
         host = (parts.hostname or "").rstrip(".")
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        key = (host, port)
-        cached = self._verdicts.get(key)
-        if cached is None or cached[0] <= self._clock():
-            bad = await self._first_forbidden(host, port)
-            cached = (self._clock() + GUARD_CACHE_SECONDS, bad)
-            self._verdicts[key] = cached
-        if cached[1] is not None:
-            raise Refused(FORBIDDEN_ADDRESS, f"{host} -> {cached[1]}")
+        verdict = self._verdicts.get((host, port))
+        if verdict is None:
+            verdict = await self._first_forbidden(host, port) or ""
+            self._verdicts.put((host, port), verdict, GUARD_CACHE_SECONDS)
+        if verdict:
+            raise Refused(FORBIDDEN_ADDRESS, f"{host} -> {verdict}")
 
     async def _first_forbidden(self, host: str, port: int) -> str | None:
         try:

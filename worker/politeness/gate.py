@@ -4,37 +4,43 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 from common.contracts import EVENT_RETRY_AFTER_RECEIVED
 from common.jsonlog import log_event
 from worker.politeness import RequestGate
-from worker.politeness.addresses import AddressGuard
+from worker.politeness.addresses import AddressGuard, Resolve, system_resolve
+from worker.politeness.crawl_delay import CrawlDelay
 from worker.politeness.host_limits import HostLimiter
 from worker.politeness.retry_after import extend_pause, pause_seconds
+from worker.politeness.robots import RobotsCache, fetch_robots, origin_of, product_token
 
 
 class PoliteGate:
     """Address guard, robots.txt, per-host cap, Crawl-delay and Retry-After."""
 
-    def __init__(self, redis, guard: AddressGuard, limiter: HostLimiter,
-                 robots=None, clock: Callable[[], float] = time.time):
+    def __init__(self, redis, guard: AddressGuard, robots: RobotsCache, limiter: HostLimiter,
+                 delay: CrawlDelay, clock: Callable[[], float] = time.time):
         self.redis = redis
         self.guard = guard
-        self.limiter = limiter
         self.robots = robots
+        self.limiter = limiter
+        self.delay = delay
         self.clock = clock
 
     async def before_request(self, url: str, source: str) -> None:
         await self.guard.check(url)
-        if self.robots is not None:
-            await self.robots.check(url)
+        await self.robots.check(url)
 
     @asynccontextmanager
     async def host_slot(self, url: str) -> AsyncIterator[None]:
+        origin = origin_of(url)
         async with self.limiter.slot(urlsplit(url).hostname or ""):
-            yield
+            rules = await self.robots.rules(origin)
+            async with self.delay.turn(origin, rules.crawl_delay):
+                yield
 
     async def after_response(self, url: str, source: str, status: int,
                              headers: Mapping[str, str]) -> None:
@@ -46,8 +52,12 @@ class PoliteGate:
                       pause_seconds=seconds, until=until)
 
 
-def build_gate(settings, redis, http_session) -> RequestGate:
+def build_gate(settings, redis, http_session, resolve: Resolve = system_resolve) -> RequestGate:
     """The gate for a worker: ``redis`` is a redis.asyncio client, ``http_session``
-    the crawler's aiohttp session (its User-Agent is sent for robots.txt too)."""
-    guard = AddressGuard(enabled=not settings.crawl_allow_private_networks)
-    return PoliteGate(redis, guard, HostLimiter(settings.crawl_per_host_connections))
+    the crawler's aiohttp session (its User-Agent is sent for robots.txt too);
+    ``resolve`` is for tests that need a hostname to look public."""
+    guard = AddressGuard(enabled=not settings.crawl_allow_private_networks, resolve=resolve)
+    robots = RobotsCache(redis, partial(fetch_robots, http_session, guard=guard),
+                         product_token(settings.crawl_user_agent))
+    return PoliteGate(redis, guard, robots, HostLimiter(settings.crawl_per_host_connections),
+                      CrawlDelay(redis))

@@ -1,0 +1,126 @@
+"""A website that remembers every request, to prove politeness from the side
+that matters: what the site actually received, and when.
+
+``python -m test.sites REDIS_URL N URL...`` is one crawler process: it waits
+until N such processes have started (a Redis barrier, so they really race),
+fetches every URL through a real gate, and prints the outcomes as JSON.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+from urllib.parse import urljoin
+
+import aiohttp
+from aiohttp import web
+
+from worker.politeness import Refused, RequestGate
+
+TEST_USER_AGENT = "polite-test-bot/1.0 (+http://127.0.0.1/about)"
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+@dataclass
+class Page:
+    status: int = 200
+    body: bytes | str = b"ok"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds before answering, to keep a request in flight
+
+
+@dataclass
+class Hit:
+    time: float  # wall-clock arrival
+    path: str
+    user_agent: str
+
+
+class Site:
+    """An aiohttp site on 127.0.0.1 at a free port; other paths get ``default``."""
+
+    def __init__(self, pages: Mapping[str, Page] | None = None, default: Page | None = None):
+        self.pages = dict(pages or {})
+        self.default = default or Page()
+        self.hits: list[Hit] = []
+        self.in_flight = self.max_in_flight = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.hits.append(Hit(time.time(), request.path_qs, request.headers.get("User-Agent", "")))
+        page = self.pages.get(request.path_qs, self.default)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(page.delay)
+        finally:
+            self.in_flight -= 1
+        body = page.body.encode() if isinstance(page.body, str) else page.body
+        return web.Response(status=page.status, body=body, headers=dict(page.headers))
+
+    async def __aenter__(self) -> "Site":
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = "http://127.0.0.1:%d" % self._runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._runner.cleanup()
+
+    def paths(self) -> list[str]:
+        return [hit.path for hit in self.hits]
+
+    def times(self, path_prefix: str) -> list[float]:
+        return sorted(hit.time for hit in self.hits if hit.path.startswith(path_prefix))
+
+
+async def fetch_politely(gate: RequestGate, session: aiohttp.ClientSession, url: str,
+                         source: str, max_redirects: int = 5) -> int | str:
+    """Drive the gate the way the worker's fetcher does; the final status or refusal reason."""
+    for _ in range(max_redirects + 1):
+        try:
+            await gate.before_request(url, source)
+        except Refused as refused:
+            return refused.reason
+        async with gate.host_slot(url):
+            async with session.get(url, allow_redirects=False) as response:
+                await response.read()
+                status, headers = response.status, response.headers
+        await gate.after_response(url, source, status, headers)
+        if status not in _REDIRECTS:
+            return status
+        url = urljoin(url, headers["Location"])
+    return "TooManyRedirects"
+
+
+async def _crawler_process(redis_url: str, processes: int, urls: list[str]) -> None:
+    import redis.asyncio as aioredis
+
+    from common.settings import Settings
+    from worker.politeness.gate import build_gate
+
+    settings = Settings(redis_url=redis_url, crawl_user_agent=TEST_USER_AGENT,
+                        crawl_allow_private_networks=True)
+    redis = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        await redis.incr("test_barrier")
+        deadline = time.monotonic() + 30
+        while int(await redis.get("test_barrier")) < processes and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        async with aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT}) as session:
+            gate = build_gate(settings, redis, session)
+            outcomes = await asyncio.gather(*(fetch_politely(gate, session, u, "test") for u in urls))
+        print(json.dumps(outcomes))
+    finally:
+        await redis.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(_crawler_process(sys.argv[1], int(sys.argv[2]), sys.argv[3:]))

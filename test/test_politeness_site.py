@@ -1,0 +1,145 @@
+"""Politeness proved from the website's side: what a local site received, and when."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.abc import AbstractResolver
+
+from common.contracts import retry_after_key
+from common.settings import Settings
+from test.sites import TEST_USER_AGENT, Page, Site, fetch_politely
+from worker.politeness.addresses import system_resolve
+from worker.politeness.gate import build_gate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def settings(redis_url: str, **overrides) -> Settings:
+    values = dict(redis_url=redis_url, crawl_user_agent=TEST_USER_AGENT,
+                  crawl_allow_private_networks=True)
+    return Settings(**{**values, **overrides})
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT}) as s:
+        yield s
+
+
+async def run_crawlers(redis_url: str, url_lists: list[list[str]]) -> list[list]:
+    """Run one crawler process per URL list, all racing; their outcomes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "test.sites", redis_url, str(len(url_lists)), *urls,
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        for urls in url_lists]
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 60)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    outcomes = []
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err.decode()[-2000:]
+        outcomes.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return outcomes
+
+
+async def test_disallowed_paths_are_never_requested(redis_client, redis_url, session):
+    robots = ("User-agent: *\nDisallow: /\n\n"
+              "User-agent: polite-test-bot\nDisallow: /secret\nAllow: /secret/ok\n")
+    async with Site({"/robots.txt": Page(body=robots),
+                     "/go": Page(302, headers={"Location": "/secret/x"})}) as site:
+        gate = build_gate(settings(redis_url), redis_client, session)
+        paths = ["/a", "/secret/x", "/secret/ok/y", "/private/z", "/go", "/secret"]
+        outcomes = await asyncio.gather(
+            *(fetch_politely(gate, session, site.url + p, "test") for p in paths))
+    assert outcomes == [200, "RobotsDisallowed", 200, 200, "RobotsDisallowed", "RobotsDisallowed"]
+    assert sorted(site.paths()) == ["/a", "/go", "/private/z", "/robots.txt", "/secret/ok/y"]
+    assert all(hit.user_agent == TEST_USER_AGENT for hit in site.hits)
+
+
+async def test_robots_fetched_once_across_three_processes(redis_url):
+    async with Site({"/robots.txt": Page(body="User-agent: *\nDisallow: /no\n", delay=0.5)}) as site:
+        urls = [f"{site.url}/img/{i}" for i in range(15)] + [f"{site.url}/no/1"]
+        outcomes = await run_crawlers(redis_url, [urls, urls, urls])
+    assert site.paths().count("/robots.txt") == 1
+    assert all(o == [200] * 15 + ["RobotsDisallowed"] for o in outcomes)
+    assert len(site.times("/img/")) == 45 and not site.times("/no/")
+
+
+async def test_crawl_delay_spaces_requests_across_two_processes(redis_url):
+    async with Site({"/robots.txt": Page(body="User-agent: *\nCrawl-delay: 2\n")}) as site:
+        outcomes = await run_crawlers(redis_url, [[f"{site.url}/p/{w}/{i}" for i in range(2)]
+                                                  for w in range(2)])
+    assert outcomes == [[200, 200], [200, 200]]
+    times = site.times("/p/")
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) == 4 and min(gaps) >= 2.0 - 1e-3, gaps
+
+
+async def test_per_host_connection_cap(redis_client, redis_url, session):
+    async with Site(default=Page(delay=0.2)) as site:
+        gate = build_gate(settings(redis_url, crawl_per_host_connections=3), redis_client, session)
+        outcomes = await asyncio.gather(
+            *(fetch_politely(gate, session, f"{site.url}/i/{i}", "test") for i in range(12)))
+    assert outcomes == [200] * 12
+    assert site.max_in_flight == 3
+
+
+async def test_429_with_retry_after_pauses_the_source(redis_client, redis_url, session):
+    async with Site({"/busy": Page(429, headers={"Retry-After": "5"}),
+                     "/down": Page(503, headers={"Retry-After": "1"})}) as site:
+        gate = build_gate(settings(redis_url), redis_client, session)
+        before = time.time()
+        assert await fetch_politely(gate, session, site.url + "/busy", "paused") == 429
+        after = time.time()
+        until = int(await redis_client.get(retry_after_key("paused")))
+        assert before + 5 <= until <= after + 6
+        # A shorter pause from a later response never shortens the one in force.
+        assert await fetch_politely(gate, session, site.url + "/down", "paused") == 503
+        assert int(await redis_client.get(retry_after_key("paused"))) == until
+        assert 0 < await redis_client.ttl(retry_after_key("paused")) <= 5 + 61
+
+
+class LoopbackResolver(AbstractResolver):
+    """Connects every hostname to 127.0.0.1, so a 'public' test host needs no network."""
+
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET,
+                 "proto": 0, "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self):
+        pass
+
+
+async def test_redirect_to_internal_address_is_refused_per_hop(redis_client, redis_url):
+    async def public_dns(host: str, port: int) -> list[str]:
+        if host == "public.test":
+            return ["93.184.216.34"]  # what the guard believes; no traffic goes there
+        return await system_resolve(host, port)
+
+    async with Site() as site:
+        port = site.url.rsplit(":", 1)[1]
+        public = f"http://public.test:{port}"
+        site.pages["/img"] = Page(302, headers={"Location": f"http://127.0.0.1:{port}/internal"})
+        site.pages["/meta"] = Page(302, headers={"Location": "http://169.254.169.254/latest/"})
+        site.pages["/local"] = Page(302, headers={"Location": f"http://localhost:{port}/internal"})
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=LoopbackResolver()),
+                                         headers={"User-Agent": TEST_USER_AGENT}) as session:
+            gate = build_gate(settings(redis_url, crawl_allow_private_networks=False),
+                              redis_client, session, resolve=public_dns)
+            outcomes = [await fetch_politely(gate, session, public + p, "test")
+                        for p in ("/img", "/meta", "/local", "/fine")]
+    assert outcomes == ["ForbiddenAddress"] * 3 + [200]
+    assert sorted(site.paths()) == ["/fine", "/img", "/local", "/meta", "/robots.txt"]
