@@ -24,12 +24,18 @@ function fmt(x, digits = 1) {
   return Number(x).toLocaleString(undefined, { maximumFractionDigits: digits });
 }
 
+// 1, 2, 2.5 or 5 times a power of ten: round numbers on the axis.
+function niceCeiling(v) {
+  const p = 10 ** Math.floor(Math.log10(v));
+  return [1, 2, 2.5, 5, 10].map(m => m * p).find(m => m >= v);
+}
+
 // Line chart of series [{color, dash, points: [[t, v|null]]}] over the last hour.
 function drawChart(svg, series, now, { width, height, labels }) {
   svg.replaceChildren();
   const pad = labels ? { l: 44, r: 10, t: 10, b: 22 } : { l: 1, r: 1, t: 2, b: 2 };
   const values = series.flatMap(s => s.points.map(p => p[1])).filter(v => v !== null);
-  const ymax = Math.max(1, ...values) * 1.1;
+  const ymax = niceCeiling(Math.max(1, ...values) * 1.05);
   const x = t => pad.l + (width - pad.l - pad.r) * (t - (now - HOUR)) / HOUR;
   const y = v => height - pad.b - (height - pad.t - pad.b) * v / ymax;
   if (labels) {

@@ -1,0 +1,112 @@
+"""The dashboard in a real headless Chromium, against a running server and real Redis.
+
+The screenshot lands in the test's tmp_path (its path is printed) so a
+person can check that the page reads well.
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from common import contracts as c
+from crawl_monitor import http_api
+from test.test_ops_http import monitoring_update, seed, serve
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+@contextmanager
+def headless_chromium() -> Iterator[webdriver.Chrome]:
+    """Chromium with a throwaway profile; quit() stops both it and chromedriver."""
+    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), \
+        "chromium and chromium-driver are missing: `make test` installs them"
+    profile = tempfile.mkdtemp(prefix="ops-dashboard-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--user-data-dir={profile}", "--window-size=1440,1100"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+class HourOfHistory(http_api.History):
+    """A server that has been up for 55 minutes, so the chart has a full hour to draw."""
+
+    def __init__(self, span: float = http_api.HISTORY_SECONDS):
+        super().__init__(span)
+        import time
+        now = time.time()
+        for i in range(660, 0, -1):
+            t = now - i * 5
+            wave = 0.5 + 0.5 * ((i // 60) % 2)
+            general = {"success_rps": 40 * wave, "error_rps": 2 * (i % 120 < 10), "processing_rate": 41 * wave,
+                       "global_max_rps": 179.075}
+            self.samples.append({"time": t, "general": general, "sources": {
+                "flickr": {"rps": 42 * wave, "rate_limit": 178.375},
+                "animaldiversity": {"rps": 0.4 if i > 60 else 0.0, "rate_limit": 0.5},
+                "phylopic": {"rps": 0.2 if i > 200 else 0.0, "rate_limit": 0.2},
+            }})
+
+
+async def fake_worker(redis) -> None:
+    """Requests at about 40/s to flickr, as workers would count them."""
+    while True:
+        await redis.incrby(c.source_requests_key("flickr"), 2)
+        await asyncio.sleep(0.05)
+
+
+def load_dashboard(url: str, screenshot: Path) -> dict:
+    with headless_chromium() as driver:
+        driver.get(url)
+        WebDriverWait(driver, 20).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#sources tbody tr[data-source]")) == 3)
+        rows = {row.get_attribute("data-source"): [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+                for row in driver.find_elements(By.CSS_SELECTOR, "#sources tbody tr[data-source]")}
+        polylines = len(driver.find_elements(By.CSS_SELECTOR, "#chart polyline"))
+        general = driver.find_element(By.ID, "general").text
+        banner_hidden = driver.find_element(By.ID, "banner").get_attribute("hidden") is not None
+        driver.save_screenshot(str(screenshot))
+    return {"rows": rows, "polylines": polylines, "general": general, "banner_hidden": banner_hidden}
+
+
+async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
+        redis_client, tmp_path, monkeypatch) -> None:
+    await seed(redis_client)
+    monkeypatch.setattr(http_api, "History", HourOfHistory)
+    screenshot = tmp_path / "dashboard.png"
+    async with serve(redis_client, monitoring_update, sample_every=0.5) as base:
+        worker = asyncio.create_task(fake_worker(redis_client))
+        try:
+            await asyncio.sleep(1.2)  # two samples apart: an achieved rate to show
+            page = await asyncio.to_thread(load_dashboard, f"{base}/", screenshot)
+        finally:
+            worker.cancel()
+    sys.__stderr__.write(f"\n[dashboard] screenshot: {screenshot}\n")
+    cells = page["rows"]
+    assert list(cells) == ["animaldiversity", "flickr", "phylopic"]
+    rows = {source: " | ".join(texts) for source, texts in cells.items()}
+    assert "halted" in rows["phylopic"] and "paused" in rows["animaldiversity"] and "ok" in rows["flickr"]
+    assert "178.38" in rows["flickr"] and "override 0.5" in rows["animaldiversity"]
+    assert "500×20" in rows["flickr"] and "Timeout×2" in rows["flickr"] and "200×48" in rows["flickr"]
+    assert "13,188" in rows["flickr"]
+    assert 10 < float(cells["flickr"][3]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
+    assert page["polylines"] >= 4
+    assert "phylopic" in page["general"] and page["banner_hidden"]
+    assert screenshot.stat().st_size > 10_000
