@@ -1,0 +1,133 @@
+"""The crawler's own processes, run as the README says: ``python -m crawl_monitor``,
+``python -m worker`` and the TSV producer, each a subprocess.
+
+The demo, the end-to-end tests and the benchmark all start the system this
+way, so what the tests prove is what an operator runs. Every child gets its
+own process group and a parent-death signal (the dev stack's recipe): Ctrl-C,
+SIGTERM, a failed assertion or a SIGKILLed parent leave nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from devstack.servers import _die_with_parent
+
+STOP_GRACE = 15.0  # a worker drains its in-flight fetches on SIGTERM; then it is killed
+PRODUCER_TIMEOUT = 180.0
+
+
+@dataclass
+class Child:
+    """One crawler process, its stdout and stderr in ``log_path``."""
+
+    name: str
+    argv: list[str]
+    env: Mapping[str, str]
+    log_path: Path
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> "Child":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, env=dict(self.env), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, close_fds=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        """Signal the whole process group (a child's own helpers included)."""
+        if self.alive():
+            try:
+                os.killpg(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.process.wait(timeout) if self.process else None
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def module_argv(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+class Cluster:
+    """A monitor and any number of workers on one stack; a context manager that stops them all."""
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path):
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.children: list[Child] = []
+        self._workers = 0
+
+    def _start(self, name: str, module: str) -> Child:
+        child = Child(name, module_argv(module), self.env, self.log_dir / f"{name}.log").start()
+        self.children.append(child)
+        return child
+
+    def start_monitor(self) -> Child:
+        return self._start("monitor", "crawl_monitor")
+
+    def start_worker(self) -> Child:
+        self._workers += 1
+        return self._start(f"worker-{self._workers}", "worker")
+
+    def start(self, workers: int = 2) -> "Cluster":
+        self.start_monitor()
+        for _ in range(workers):
+            self.start_worker()
+        return self
+
+    def schedule(self, tsv: Path) -> None:
+        """Run the TSV producer to completion; its output joins the logs."""
+        with open(self.log_dir / "tsv_producer.log", "ab") as log:
+            subprocess.run(module_argv("crawl_monitor.tsv_producer", str(tsv), self.env["KAFKA_HOSTS"]),
+                           env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           preexec_fn=_die_with_parent, timeout=PRODUCER_TIMEOUT, check=True)
+
+    def died(self) -> list[Child]:
+        """Children that exited although nobody stopped them."""
+        return [c for c in self.children if c.process is not None and c.process.poll() is not None]
+
+    @staticmethod
+    def stop_children(children: list[Child], grace: float = STOP_GRACE) -> dict[str, int | None]:
+        """SIGTERM them all at once, wait ``grace``, SIGKILL what is left; exit codes by name."""
+        for child in children:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        codes = {}
+        for child in children:
+            code = child.wait(max(0.0, deadline - time.monotonic()))
+            if code is None:
+                child.signal(signal.SIGKILL)
+                code = child.wait(10)
+            codes[child.name] = code
+        return codes
+
+    def stop(self) -> dict[str, int | None]:
+        codes = self.stop_children([c for c in self.children if c.process is not None])
+        self.children.clear()
+        return codes
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

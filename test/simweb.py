@@ -1,0 +1,420 @@
+"""A simulated web on loopback: one aiohttp server per source, each with its own manners.
+
+The end-to-end tests, the demo and the benchmark need websites whose
+behaviour they choose (size, latency, 500s, 429 with Retry-After, robots.txt)
+and whose own log of requests is the evidence for politeness: the crawler's
+word about its rate proves nothing, the server's arrival times do. Sources
+are told apart by port, so everything stays on 127.0.0.1.
+
+``python -m test.simweb OUT_DIR`` serves the standard test web from a
+subprocess until SIGTERM, writing ``sources.json``, ``urls.tsv`` and one JSON
+line per request to ``requests.jsonl`` in OUT_DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import csv
+import io
+import json
+import random
+import signal
+import threading
+import time
+import uuid as uuidlib
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, Iterator, Mapping
+
+import numpy as np
+from aiohttp import web
+from PIL import Image
+from protego import Protego
+
+HOST = "127.0.0.1"
+ROBOTS_PATH = "/robots.txt"
+CONTENT_TYPES = {"jpg": "image/jpeg", "png": "image/png", "gif": "image/gif", "webp": "image/webp"}
+# Paths the standard web uses; their expected outcome is the test's oracle.
+IMAGE, MISSING, GONE, BROKEN, PRIVATE = "/img/", "/missing/", "/gone/", "/broken/", "/private/"
+DISALLOW_PRIVATE = "User-agent: *\nDisallow: /private/\n"
+CLOCK_SLACK = 0.1  # arrival jitter (s) allowed on Crawl-delay spacing
+
+
+# --- The SPEC's computed rate (SPEC 3), written independently of the monitor as the oracle.
+RATE_POINTS = ((5_000, 1.0), (500_000_000, 200.0))
+
+
+def spec_rate(image_count: int) -> float:
+    (x0, y0), (x1, y1) = RATE_POINTS
+    clamped = min(max(image_count, x0), x1)
+    return y0 + (clamped - x0) * (y1 - y0) / (x1 - x0)
+
+
+def image_count_for_rate(rate: float) -> int:
+    """The sources-list size that gives ``rate`` req/s."""
+    (x0, y0), (x1, y1) = RATE_POINTS
+    return round(x0 + (rate - y0) * (x1 - x0) / (y1 - y0))
+
+
+@dataclass
+class SiteSpec:
+    """One source's website. Paths not in ``files`` are 404; ``/gone/...`` is 410."""
+
+    name: str
+    image_count: int
+    files: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    latency: float = 0.0
+    error_rate: float = 0.0      # share of requests answered 500
+    throttle_every: int = 0      # every Nth request is answered 429 with Retry-After
+    retry_after: int = 3
+    robots_txt: str | None = None  # None: /robots.txt is 404 (everything allowed)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    time: float  # wall clock at arrival
+    site: str
+    path: str
+    status: int
+    user_agent: str
+
+
+class Site:
+    """A running website and its server-side request log."""
+
+    def __init__(self, spec: SiteSpec, log_file: IO[str] | None = None):
+        self.spec = spec
+        self.log: list[RequestRecord] = []
+        self.port = 0
+        self.in_flight = self.max_in_flight = 0
+        self._served = 0
+        self._rng = random.Random(spec.seed)
+        self._log_file = log_file
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.time()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.spec.latency:
+                await asyncio.sleep(self.spec.latency)
+            response = self._respond(request.path)
+        finally:
+            self.in_flight -= 1
+        record = RequestRecord(arrived, self.spec.name, request.path_qs, response.status,
+                               request.headers.get("User-Agent", ""))
+        self.log.append(record)
+        if self._log_file is not None:
+            self._log_file.write(json.dumps(asdict(record)) + "\n")
+        return response
+
+    def _respond(self, path: str) -> web.Response:
+        spec = self.spec
+        if path == ROBOTS_PATH:  # rules are never throttled: the crawler must be able to read them
+            if spec.robots_txt is None:
+                return web.Response(status=404)
+            return web.Response(text=spec.robots_txt, content_type="text/plain")
+        self._served += 1
+        if spec.throttle_every and self._served % spec.throttle_every == 0:
+            return web.Response(status=429, headers={"Retry-After": str(spec.retry_after)})
+        if spec.error_rate and self._rng.random() < spec.error_rate:
+            return web.Response(status=500, text="simulated failure")
+        if path.startswith(GONE):
+            return web.Response(status=410)
+        body = spec.files.get(path)
+        if body is None:
+            return web.Response(status=404, text="not found")
+        content_type = CONTENT_TYPES.get(path.rsplit(".", 1)[-1], "application/octet-stream")
+        return web.Response(body=body, content_type=content_type)
+
+    # --- Evidence -----------------------------------------------------------
+    def requests(self, prefix: str = "") -> list[RequestRecord]:
+        return [r for r in list(self.log) if r.path.startswith(prefix)]
+
+    def max_in_window(self, window: float = 1.0, times: list[float] | None = None) -> int:
+        """Most requests that arrived less than ``window`` seconds apart (a sliding window)."""
+        times = sorted(times if times is not None else (r.time for r in list(self.log)))
+        best = 0
+        for i, start in enumerate(times):
+            best = max(best, bisect.bisect_left(times, start + window, lo=i) - i)
+        return best
+
+    def throttled(self) -> list[RequestRecord]:
+        return [r for r in list(self.log) if r.status == 429]
+
+    def violations(self, rate_limit: float, user_agent: str, max_connections: int,
+                   robots_fetches: int = 1, since: float = 0.0) -> list[str]:
+        """Every way the crawler was impolite to this site, judged from the server's log alone.
+
+        ``rate_limit`` may be exceeded by 10% plus one request in a one-second window (the
+        buckets are refilled once a second and requests spread by latency). After a 429, one
+        second is allowed for requests already under way before the pause must show.
+        """
+        log = [r for r in list(self.log) if r.time >= since]
+        fetches = [r for r in log if r.path != ROBOTS_PATH]
+        found = []
+        peak = self.max_in_window(1.0, [r.time for r in fetches])
+        if peak > rate_limit * 1.1 + 1:
+            found.append(f"{self.spec.name}: {peak} requests in one second, limit {rate_limit:.2f}/s")
+        if sum(r.path == ROBOTS_PATH for r in log) > robots_fetches:
+            found.append(f"{self.spec.name}: robots.txt fetched {sum(r.path == ROBOTS_PATH for r in log)} times")
+        if self.max_in_flight > max_connections:
+            found.append(f"{self.spec.name}: {self.max_in_flight} concurrent requests, cap {max_connections}")
+        found += [f"{self.spec.name}: User-Agent {r.user_agent!r}" for r in log if r.user_agent != user_agent][:3]
+        if self.spec.robots_txt is not None:
+            robots = Protego.parse(self.spec.robots_txt)
+            token = user_agent.split("/")[0]
+            found += [f"{self.spec.name}: fetched {r.path}, disallowed by robots.txt"
+                      for r in fetches if not robots.can_fetch(self.url(r.path), token)][:3]
+            delay = robots.crawl_delay(token)
+            gaps = [b.time - a.time for a, b in zip(fetches, fetches[1:])]
+            if delay and gaps and min(gaps) < delay - CLOCK_SLACK:
+                found.append(f"{self.spec.name}: requests {min(gaps):.3f}s apart, Crawl-delay {delay}")
+        for paused in (r for r in log if r.status == 429):
+            early = [r for r in fetches if paused.time + 1.0 < r.time < paused.time + self.spec.retry_after]
+            if early:
+                found.append(f"{self.spec.name}: {len(early)} requests within Retry-After "
+                             f"{self.spec.retry_after}s of a 429")
+        return found
+
+
+class SimWeb:
+    """All sites on one event loop: ``await start()`` in a loop, or ``serving()`` in a thread."""
+
+    def __init__(self, specs: list[SiteSpec], log_path: Path | None = None):
+        self._log_file = open(log_path, "a", buffering=1) if log_path else None
+        self.sites = {spec.name: Site(spec, self._log_file) for spec in specs}
+        self._runners: list[web.AppRunner] = []
+
+    async def start(self) -> None:
+        for site in self.sites.values():
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", site.handle)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await runner.setup()
+            self._runners.append(runner)
+            tcp = web.TCPSite(runner, HOST, 0, backlog=512)
+            await tcp.start()
+            site.port = tcp._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        while self._runners:
+            await self._runners.pop().cleanup()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    @contextmanager
+    def serving(self) -> Iterator["SimWeb"]:
+        """Serve from a daemon thread with its own loop, so sync code and other loops can use it."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="simweb", daemon=True)
+        thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self.start(), loop).result(30)
+            yield self
+        finally:
+            asyncio.run_coroutine_threadsafe(self.stop(), loop).result(30)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()
+
+    def all_requests(self) -> list[RequestRecord]:
+        return sorted((r for site in self.sites.values() for r in list(site.log)), key=lambda r: r.time)
+
+    def write_sources(self, path: Path) -> Path:
+        """The SOURCES_URL file: ``[{"source_name", "image_count"}]``."""
+        listing = [{"source_name": s.spec.name, "image_count": s.spec.image_count}
+                   for s in self.sites.values()]
+        path.write_text(json.dumps(listing, indent=1))
+        return path
+
+
+# --- URL lists ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Planned:
+    """One scheduled URL and the outcome a correct crawler must give it."""
+
+    uuid: str
+    source: str       # as written in the TSV (the crawler lower-cases it)
+    path: str
+    expect: frozenset[str]  # subset of {"quality", "link_rot", "crawl_errors"}
+
+
+def write_tsv(web_: SimWeb, plan: list[Planned], path: Path) -> Path:
+    """The tsv_producer's input: columns url, identifier, source."""
+    with open(path, "w", newline="") as out:
+        writer = csv.writer(out, delimiter="\t", lineterminator="\n")
+        writer.writerow(["url", "identifier", "source"])
+        for item in plan:
+            writer.writerow([web_.sites[item.source.lower()].url(item.path), item.uuid, item.source])
+    return path
+
+
+# --- Synthetic images ---------------------------------------------------------
+FORMATS = (("jpg", 30), ("jpg", 50), ("jpg", 75), ("jpg", 90), ("jpg", 95),
+           ("png", None), ("gif", None), ("webp", 80))
+EXIF_ARTIST = 0x013B
+
+
+def encode(image: Image.Image, ext: str, quality: int | None = None, artist: str | None = None) -> bytes:
+    """``image`` in a web format; JPEGs get ``quality`` and, if given, an EXIF Artist tag."""
+    buffer = io.BytesIO()
+    if ext == "jpg":
+        exif = Image.Exif()
+        if artist:
+            exif[EXIF_ARTIST] = artist
+        image.convert("RGB").save(buffer, "JPEG", quality=quality, exif=exif.tobytes())
+    elif ext == "gif":
+        image.convert("P", palette=Image.Palette.ADAPTIVE).save(buffer, "GIF")
+    elif ext == "webp":
+        image.save(buffer, "WEBP", quality=quality or 80)
+    else:
+        image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@lru_cache(maxsize=None)
+def synthetic_image(n: int) -> tuple[str, bytes, tuple[int, int]]:
+    """Image ``n`` of a fixed family: (extension, bytes, (width, height)). Smooth noise, so
+    JPEG quality means something, in sizes from thumbnail to larger than the target."""
+    rng = np.random.default_rng(n)
+    width, height = 40 + (n * 97) % 1100, 40 + (n * 61) % 800
+    coarse = rng.integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
+    image = Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)
+    ext, quality = FORMATS[n % len(FORMATS)]
+    return ext, encode(image, ext, quality, artist=f"simweb {n}" if n % 3 == 0 else None), (width, height)
+
+
+BROKEN_BODIES = (b"", b"<html><body>Soft 404: no such image</body></html>", b"\x00" * 512,
+                 b"GIF89a\x01\x00garbage")
+SYNTHETIC_FAMILY = 48  # distinct images; URLs reuse them (bodies are shared, not copied)
+
+
+# --- The standard test web ----------------------------------------------------
+@dataclass(frozen=True)
+class Behaviour:
+    rate: float
+    urls: int
+    latency: float = 0.02
+    error_rate: float = 0.0
+    throttle_every: int = 0
+    robots_txt: str | None = None
+
+
+def standard_behaviours(n_sources: int, n_urls: int) -> list[Behaviour]:
+    """Sources whose limits bind (1-10 req/s, few URLs) and big ones that take the rest;
+    some with 500s, one with 429s, several with robots.txt rules, one with Crawl-delay.
+    Every small source ends in under ~35 s at its limit, so the crawl's length is the
+    workers' throughput, not a wait."""
+    fixed = [
+        Behaviour(rate=1, urls=25, latency=0.05, robots_txt=DISALLOW_PRIVATE),
+        Behaviour(rate=2, urls=60, latency=0.1),
+        Behaviour(rate=3, urls=90, robots_txt="User-agent: *\nDisallow: /\n\n"
+                  "User-agent: cc-image-crawler\nDisallow: /private/\n"),
+        Behaviour(rate=5, urls=120, error_rate=0.04),
+        Behaviour(rate=10, urls=40, robots_txt=DISALLOW_PRIVATE + "Crawl-delay: 0.5\n"),
+        Behaviour(rate=40, urls=150, throttle_every=50),
+    ]
+    behaviours = fixed[:n_sources]
+    rest = n_sources - len(behaviours)
+    left = n_urls - sum(b.urls for b in behaviours)
+    for i in range(rest):
+        share = left // (rest - i)
+        left -= share
+        behaviours.append(Behaviour(
+            rate=20 + 180 * i / max(rest - 1, 1), urls=share, latency=0.01 * (i % 5),
+            error_rate=0.03 if i % 7 == 3 else 0.0, robots_txt=DISALLOW_PRIVATE if i % 3 == 0 else None))
+    return behaviours
+
+
+def standard_web(n_sources: int, n_urls: int, prefix: str,
+                 behaviours: list[Behaviour] | None = None) -> tuple[list[SiteSpec], list[Planned]]:
+    """Sites named ``{prefix}{i:02d}`` and their URLs: ~88% images of every format, then
+    404s, 410s, broken bodies and robots-disallowed paths, in a shuffled order."""
+    behaviours = behaviours or standard_behaviours(n_sources, n_urls)
+    specs, plan = [], []
+    for i, b in enumerate(behaviours):
+        name = f"{prefix}{i:02d}"
+        disallows_private = b.robots_txt is not None and "Disallow: /private/" in b.robots_txt
+        files: dict[str, bytes] = {}
+        flaky = b.error_rate > 0 or b.throttle_every > 0
+        for k in range(b.urls):
+            kind = k % 25
+            n = i * 1000 + k
+            ext, body, _ = synthetic_image(n % SYNTHETIC_FAMILY)
+            if kind == 1:
+                path, expect = f"{MISSING}{n}.jpg", {"link_rot"}
+            elif kind == 2:
+                path, expect = f"{GONE}{n}.png", {"link_rot"}
+            elif kind == 3:
+                path, expect = f"{BROKEN}{n}.jpg", {"crawl_errors"}
+                files[path] = BROKEN_BODIES[n % len(BROKEN_BODIES)]
+            elif kind == 4 and disallows_private:
+                path, expect = f"{PRIVATE}{n}.{ext}", {"crawl_errors"}
+                files[path] = body  # served if asked: only robots.txt keeps the crawler out
+            else:
+                path, expect = f"{IMAGE}{n}.{ext}", {"quality"}
+                files[path] = body
+            if flaky and expect != {"crawl_errors"}:
+                expect = expect | {"crawl_errors"}  # a 500 or 429 on every attempt is an error
+            shown = name.upper() if i == 1 else name  # the crawler must lower-case sources
+            plan.append(Planned(str(uuidlib.uuid4()), shown, path, frozenset(expect)))
+        specs.append(SiteSpec(name, image_count_for_rate(b.rate), files, latency=b.latency,
+                              error_rate=b.error_rate, throttle_every=b.throttle_every,
+                              robots_txt=b.robots_txt, seed=i))
+    random.Random(n_urls).shuffle(plan)
+    return specs, plan
+
+
+def image_size(path: str) -> tuple[int, int] | None:
+    """The real (width, height) a standard-web path serves, for checking quality messages."""
+    if not path.startswith(IMAGE):
+        return None
+    return synthetic_image(int(path[len(IMAGE):].split(".")[0]) % SYNTHETIC_FAMILY)[2]
+
+
+# --- Subprocess mode ------------------------------------------------------------
+async def serve_until_signal(web_: SimWeb, plan: list[Planned], out_dir: Path) -> None:
+    """Bind, write the files that need the ports, announce them, serve until SIGINT/SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await web_.start()
+    try:
+        web_.write_sources(out_dir / "sources.json")
+        write_tsv(web_, plan, out_dir / "urls.tsv")
+        print(json.dumps({"event": "simweb_ready",
+                          "ports": {name: s.port for name, s in web_.sites.items()}}), flush=True)
+        await stop.wait()
+    finally:
+        await web_.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--sources", type=int, default=20)
+    parser.add_argument("--urls", type=int, default=2000)
+    parser.add_argument("--prefix", default="sim")
+    args = parser.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    specs, plan = standard_web(args.sources, args.urls, args.prefix)
+    web_ = SimWeb(specs, log_path=args.out_dir / "requests.jsonl")
+    asyncio.run(serve_until_signal(web_, plan, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()
