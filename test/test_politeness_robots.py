@@ -1,0 +1,180 @@
+"""robots.txt: fetching edge cases (against a local site), rule matching, and the shared cache."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import pytest
+
+from common.contracts import robots_key, robots_lock_key
+from test.sites import TEST_USER_AGENT, Page, Site
+from worker.politeness import Refused
+from worker.politeness.addresses import AddressGuard
+from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, MAX_BYTES, RULES, ROBOTS_TTL,
+                                      UNREACHABLE_TTL, RobotsCache, RobotsFile, Rules,
+                                      fetch_robots, origin_of, product_token)
+
+TOKEN = "polite-test-bot"
+OPEN = AddressGuard(enabled=False)
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT}) as s:
+        yield s
+
+
+@pytest.mark.parametrize("status, verdict", [
+    (200, RULES), (204, RULES), (401, ALLOW_ALL), (403, ALLOW_ALL), (404, ALLOW_ALL),
+    (410, ALLOW_ALL), (429, DISALLOW_ALL), (500, DISALLOW_ALL), (503, DISALLOW_ALL),
+])
+async def test_status_decides_the_verdict(session, status, verdict):
+    async with Site({"/robots.txt": Page(status, body="Disallow: /")}) as site:
+        file = await fetch_robots(session, origin_of(site.url), OPEN)
+    assert (file.verdict, file.status) == (verdict, status)
+    assert site.hits[0].user_agent == TEST_USER_AGENT
+
+
+async def test_network_error_disallows_all(session):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the fetch runs: connection refused
+    assert (await fetch_robots(session, f"http://127.0.0.1:{port}", OPEN)).verdict == DISALLOW_ALL
+
+
+async def test_forbidden_address_is_never_fetched(session):
+    async with Site() as site:
+        file = await fetch_robots(session, origin_of(site.url), AddressGuard(enabled=True))
+    assert file.verdict == DISALLOW_ALL and site.hits == []
+
+
+async def test_oversize_body_is_truncated_at_500_kib(session):
+    head = "User-agent: *\nDisallow: /early\n"
+    filler = "# " + "x" * 1000 + "\n"
+    body = head + filler * 600 + "Disallow: /late\n"
+    async with Site({"/robots.txt": Page(body=body)}) as site:
+        file = await fetch_robots(session, origin_of(site.url), OPEN)
+    assert len(file.body.encode()) <= MAX_BYTES and file.body.endswith("\n")
+    rules = Rules(file, TOKEN)
+    assert not rules.allowed(site.url + "/early") and rules.allowed(site.url + "/late")
+
+
+@pytest.mark.parametrize("hops, verdict", [(5, RULES), (6, ALLOW_ALL)])
+async def test_redirect_chain(session, hops, verdict):
+    async with Site() as target:
+        target.pages["/final.txt"] = Page(body="User-agent: *\nDisallow: /x\n")
+        async with Site() as site:
+            pages = {"/robots.txt": "/r1"} | {f"/r{i}": f"/r{i + 1}" for i in range(1, hops - 1)}
+            pages[f"/r{hops - 1}"] = target.url + "/final.txt"  # the last hop changes origin
+            site.pages.update({p: Page(301, headers={"Location": loc}) for p, loc in pages.items()})
+            file = await fetch_robots(session, origin_of(site.url), OPEN)
+    assert file.verdict == verdict
+    assert len(site.hits) == hops and len(target.hits) == (hops <= 5)
+
+
+ROBOTS = """
+User-agent: *
+Disallow: /
+
+User-agent: Polite-Test-Bot
+Crawl-delay: 2.5
+Disallow: /a
+Allow: /a/b
+
+User-agent: otherbot
+Crawl-delay: 9
+"""
+
+
+def test_rules_match_our_product_token_only():
+    assert product_token(TEST_USER_AGENT) == TOKEN
+    ours = Rules(RobotsFile(RULES, ROBOTS), TOKEN)  # the group name matches case-insensitively
+    assert [ours.allowed(f"http://h/{p}") for p in ("", "a", "a/c", "a/b", "a/b/c")] == \
+        [True, False, False, True, True]
+    assert ours.crawl_delay == 2.5
+    stranger = Rules(RobotsFile(RULES, ROBOTS), "unknownbot")  # falls back to "*"
+    assert not stranger.allowed("http://h/") and stranger.crawl_delay == 0
+
+
+@pytest.mark.parametrize("line, delay", [("Crawl-delay: 3600", 60.0), ("Crawl-delay: soon", 0.0),
+                                         ("Crawl-delay: -4", 0.0), ("", 0.0)])
+def test_crawl_delay_is_sane(line, delay):
+    assert Rules(RobotsFile(RULES, f"User-agent: *\n{line}\n"), TOKEN).crawl_delay == delay
+
+
+def test_all_or_nothing_verdicts():
+    assert Rules(RobotsFile(ALLOW_ALL), TOKEN).allowed("http://h/x")
+    assert not Rules(RobotsFile(DISALLOW_ALL), TOKEN).allowed("http://h/x")
+
+
+def test_origin_is_scheme_host_and_port():
+    assert origin_of("https://Example.COM./a?b") == "https://example.com:443"
+    assert origin_of("http://example.com:8080/") == "http://example.com:8080"
+    assert origin_of("http://[2001:db8::1]/") == "http://[2001:db8::1]:80"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counting_fetch(file: RobotsFile, pause: float = 0.0):
+    calls = []
+
+    async def fetch(origin: str) -> RobotsFile:
+        calls.append(origin)
+        await asyncio.sleep(pause)
+        return file
+    return fetch, calls
+
+
+async def test_one_fetch_for_many_concurrent_urls_and_other_workers(redis_client):
+    fetch, calls = counting_fetch(RobotsFile(RULES, "User-agent: *\nDisallow: /no\n"), 0.2)
+    cache = RobotsCache(redis_client, fetch, TOKEN)
+    urls = [f"http://h.example/{i}" for i in range(20)]
+    await asyncio.gather(*(cache.check(u) for u in urls))
+    with pytest.raises(Refused, match="RobotsDisallowed"):
+        await cache.check("http://h.example/no/1")
+    other_worker = RobotsCache(redis_client, fetch, TOKEN)
+    await other_worker.check("http://h.example/again")
+    assert calls == ["http://h.example:80"]
+    key = robots_key("http://h.example:80")
+    assert ROBOTS_TTL - 5 < await redis_client.ttl(key) <= ROBOTS_TTL
+    assert await redis_client.get(robots_lock_key("http://h.example:80")) is None
+
+
+async def test_unreachable_verdict_is_cached_briefly(redis_client):
+    fetch, _ = counting_fetch(RobotsFile(DISALLOW_ALL, status=503))
+    with pytest.raises(Refused):
+        await RobotsCache(redis_client, fetch, TOKEN).check("https://down.example/x")
+    assert 0 < await redis_client.ttl(robots_key("https://down.example:443")) <= UNREACHABLE_TTL
+
+
+async def test_memory_cache_spares_redis_until_it_expires(redis_client):
+    clock = Clock()
+    fetch, calls = counting_fetch(RobotsFile(ALLOW_ALL))
+    cache = RobotsCache(redis_client, fetch, TOKEN, clock=clock)
+    await cache.check("http://m.example/1")
+    await redis_client.flushdb()
+    await cache.check("http://m.example/2")  # from memory
+    assert len(calls) == 1
+    clock.now += 3600
+    await cache.check("http://m.example/3")
+    assert len(calls) == 2
+
+
+async def test_waits_for_the_worker_holding_the_lock(redis_client):
+    origin = "http://busy.example:80"
+    await redis_client.set(robots_lock_key(origin), "another-worker", ex=30)
+    fetch, calls = counting_fetch(RobotsFile(ALLOW_ALL))
+    waiting = asyncio.ensure_future(RobotsCache(redis_client, fetch, TOKEN).check(origin + "/x"))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await redis_client.set(robots_key(origin), RobotsFile(DISALLOW_ALL, status=500).to_json())
+    with pytest.raises(Refused):
+        await asyncio.wait_for(waiting, 5)
+    assert calls == []
