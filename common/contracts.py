@@ -128,6 +128,9 @@ EVENT_RETRY_AFTER = "source_paused_retry_after"
 # Worker-side politeness events (issue 5).
 EVENT_RETRY_AFTER_RECEIVED = "retry_after_received"
 EVENT_ROBOTS_FETCHED = "robots_fetched"
+# crawl_errors reasons for URLs the politeness gate refuses (worker.politeness.Refused).
+REASON_ROBOTS_DISALLOWED = "RobotsDisallowed"
+REASON_FORBIDDEN_ADDRESS = "ForbiddenAddress"
 # The monitor's HTTP server (issue 7).
 EVENT_HTTP_API_STARTED = "http_api_started"
 EVENT_HTTP_API_ERROR = "http_api_error"

@@ -19,13 +19,13 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from common.contracts import REASON_FORBIDDEN_ADDRESS
 from worker.politeness import Refused
 from worker.politeness.ttl_cache import TtlCache
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolve = Callable[[str, int], Awaitable[list[str]]]
 
-FORBIDDEN_ADDRESS = "ForbiddenAddress"
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 GUARD_CACHE_SECONDS = 30.0  # a verdict per host, so each URL does not cost a lookup
 
@@ -84,7 +84,7 @@ class AddressGuard:
             verdict = await self._first_forbidden(host, port) or ""
             self._verdicts.put((host, port), verdict, GUARD_CACHE_SECONDS)
         if verdict:
-            raise Refused(FORBIDDEN_ADDRESS, f"{host} -> {verdict}")
+            raise Refused(REASON_FORBIDDEN_ADDRESS, f"{host} -> {verdict}")
 
     async def _first_forbidden(self, host: str, port: int) -> str | None:
         try:

@@ -19,13 +19,13 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 from protego import Protego
 
-from common.contracts import EVENT_ROBOTS_FETCHED, robots_key, robots_lock_key
+from common.contracts import (EVENT_ROBOTS_FETCHED, REASON_ROBOTS_DISALLOWED, robots_key,
+                              robots_lock_key)
 from common.jsonlog import log_event
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.ttl_cache import TtlCache
 
-ROBOTS_DISALLOWED = "RobotsDisallowed"
 ROBOTS_TTL = 24 * 3600            # RFC 9309: cache no longer than 24 hours
 UNREACHABLE_TTL = 10 * 60         # 5xx / network error: disallow all, retry soon
 MAX_BYTES = 500 * 1024            # RFC 9309: parse at least 500 KiB; we read no more
@@ -143,7 +143,7 @@ class RobotsCache:
 
     async def check(self, url: str) -> None:
         if not (await self.rules(origin_of(url))).allowed(url):
-            raise Refused(ROBOTS_DISALLOWED, url)
+            raise Refused(REASON_ROBOTS_DISALLOWED, url)
 
     async def rules(self, origin: str) -> Rules:
         rules = self._memory.get(origin)
