@@ -30,10 +30,6 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 GUARD_CACHE_SECONDS = 30.0  # a verdict per host, so each URL does not cost a lookup
 
 
-class ForbiddenAddressError(OSError):
-    """Raised by GuardedResolver; aiohttp wraps it in ClientConnectorDNSError (``os_error``)."""
-
-
 def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address carries (mapped, NAT64, 6to4), if any."""
     if isinstance(ip, ipaddress.IPv4Address):
@@ -101,7 +97,9 @@ class GuardedResolver(AbstractResolver):
     """aiohttp resolver that never hands a forbidden address to the connector.
 
     aiohttp skips the resolver for IP-literal hosts; those cannot rebind and
-    are refused by AddressGuard.check before the request.
+    are refused by AddressGuard.check before the request. It raises Refused
+    rather than an OSError, which aiohttp passes through unwrapped, so the
+    fetcher reports a rebinding host as ForbiddenAddress, not a network error.
     """
 
     def __init__(self, inner: AbstractResolver | None = None):
@@ -112,7 +110,7 @@ class GuardedResolver(AbstractResolver):
         results = await self._inner.resolve(host, port, family)
         allowed = [r for r in results if not is_forbidden(r["host"].split("%")[0])]
         if not allowed:
-            raise ForbiddenAddressError(f"{host} resolves only to forbidden addresses")
+            raise Refused(REASON_FORBIDDEN_ADDRESS, f"{host} resolves only to forbidden addresses")
         return allowed
 
     async def close(self) -> None:
