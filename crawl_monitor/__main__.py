@@ -1,0 +1,88 @@
+"""``python -m crawl_monitor``: splitter, rate-limit regulator, circuit breaker and monitoring log.
+
+One process, one task per component. SIGTERM or SIGINT stops them all, the
+buckets are emptied on the way out, and the exit status is 0; a component
+that dies on its own stops the process with status 1, for the supervisor
+to restart it (meanwhile the buckets expire: the crawl pauses, fail closed).
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from typing import Any, Coroutine
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from common.jsonlog import log_event
+from common.settings import Settings, load_settings
+from crawl_monitor import splitter
+from crawl_monitor.circuit_breaker import CircuitBreaker
+from crawl_monitor.constants import (BREAKER_CHECK_SECONDS, EVENT_MONITOR_STARTED, EVENT_MONITOR_STOPPED,
+                                     MONITORING_INTERVAL_SECONDS, TICK_SECONDS)
+from crawl_monitor.monitoring import MonitoringLog
+from crawl_monitor.periodic import every
+from crawl_monitor.regulator import Regulator
+from crawl_monitor.sources import refresh_sources
+
+
+class ComponentFailed(Exception):
+    """A component ended although nothing asked it to."""
+
+
+async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run every component until ``stop`` is set (SIGTERM/SIGINT set it) or one of them fails."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    redis = aioredis.from_url(settings.redis_url, decode_responses=True)
+    session = aiohttp.ClientSession()
+    regulator = Regulator(redis)
+    breaker = CircuitBreaker(redis)
+    monitoring = MonitoringLog(redis)
+    # One entry per component; the dashboard joins here with ``lambda: monitoring.latest``.
+    components: dict[str, Coroutine[Any, Any, None]] = {
+        "splitter": splitter.run_splitter(lambda: splitter.connect(settings)),
+        "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
+        "regulator": every(TICK_SECONDS, lambda: regulator.tick(time.time()), "regulator"),
+        "circuit_breaker": every(BREAKER_CHECK_SECONDS, lambda: breaker.check(time.time()), "circuit_breaker"),
+        "monitoring": every(MONITORING_INTERVAL_SECONDS, monitoring.update, "monitoring"),
+    }
+    tasks = [asyncio.create_task(coroutine, name=name) for name, coroutine in components.items()]
+    stopping = asyncio.create_task(stop.wait())
+    log_event(EVENT_MONITOR_STARTED, components=list(components))
+    try:
+        done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (stopping, *tasks):
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await regulator.empty_buckets()
+        except Exception as exc:  # noqa: BLE001 - the keys expire on their own within seconds
+            log_event(EVENT_MONITOR_STOPPED, error=f"could not empty the buckets: {exc}")
+        await session.close()
+        await redis.aclose()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    # A component never returns by itself: one in ``done`` (other than ``stopping``) failed.
+    failures = {task.get_name(): repr(result) for task, result in zip(tasks, results) if task in done}
+    log_event(EVENT_MONITOR_STOPPED, failed=failures)
+    if failures:
+        raise ComponentFailed(f"monitor component(s) stopped: {failures}")
+
+
+def main() -> None:
+    settings = load_settings()
+    try:
+        asyncio.run(run(settings))
+    except ComponentFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

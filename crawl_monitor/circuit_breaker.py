@@ -1,0 +1,91 @@
+"""The error circuit breaker (SPEC 3): stop crawling a source that its errors say we are hurting.
+
+Workers record every request's status; this reads those records once a second.
+A surge (over 10% errors in the last minute) pauses the source until the
+minute's ratio falls back; 50 failures in a row halt it until an operator
+looks (``srem halted {source}``). Only unexpected statuses count as errors:
+a 404 is the site working as it should.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from common import contracts
+from common.jsonlog import log_event
+from crawl_monitor.constants import (TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
+                                     TEMP_HALT_WINDOW_SECONDS)
+
+
+def status_of(member: str) -> str:
+    """A window member is ``{status}:{unique suffix}``."""
+    return member.partition(":")[0]
+
+
+def surge_of_errors(statuses: list[str]) -> bool:
+    """More than 10% errors, among enough requests to judge."""
+    if len(statuses) < TEMP_HALT_MIN_SAMPLES:
+        return False
+    errors = sum(1 for status in statuses if not contracts.is_expected_status(status))
+    return errors > TEMP_HALT_ERROR_RATIO * len(statuses)
+
+
+def every_request_failed(last_statuses: list[str]) -> bool:
+    """A full window of the last 50 requests, none of which went as expected."""
+    return (len(last_statuses) >= contracts.LAST_50_LENGTH
+            and not any(contracts.is_expected_status(status) for status in last_statuses))
+
+
+def _codes(statuses: list[str]) -> str:
+    return json.dumps(dict(Counter(statuses).most_common()))
+
+
+class CircuitBreaker:
+    """Adds sources to ``temp_halted`` / ``halted``; the regulator then gives them no tokens."""
+
+    def __init__(self, redis: Any):
+        self._redis = redis
+
+    async def check(self, now: float) -> None:
+        """Judge every source on its requests up to ``now`` (Unix time, as workers score them)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.smembers(contracts.INBOUND_SOURCES)
+            pipe.smembers(contracts.HALTED)
+            pipe.smembers(contracts.TEMP_HALTED)
+            inbound, halted, temp_halted = await pipe.execute()
+        sources = sorted(set(inbound) | set(temp_halted))
+        if not sources:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for source in sources:
+                # Trimming here too keeps the windows bounded whatever the workers do.
+                for prefix, length in contracts.STATUS_WINDOWS.items():
+                    pipe.zremrangebyscore(contracts.status_window_key(prefix, source), "-inf", f"({now - length}")
+                pipe.zrangebyscore(contracts.one_minute_window_key(source), now - TEMP_HALT_WINDOW_SECONDS, "+inf")
+                pipe.lrange(contracts.last_50_key(source), 0, -1)
+            replies = await pipe.execute()
+        per_source = len(contracts.STATUS_WINDOWS) + 2
+        for index, source in enumerate(sources):
+            minute, last_50 = replies[index * per_source + per_source - 2:(index + 1) * per_source]
+            await self._judge(source, [status_of(m) for m in minute], list(last_50),
+                              source in halted, source in temp_halted)
+
+    async def _judge(self, source: str, minute: list[str], last_50: list[str],
+                     halted: bool, temp_halted: bool) -> None:
+        if not halted and every_request_failed(last_50):
+            # SADD's reply says whether we are first: one event per halt.
+            if await self._redis.sadd(contracts.HALTED, source):
+                log_event(contracts.EVENT_CRAWL_HALTED, type="permanent", source=source,
+                          msg=f"{source} tripped permanent halt: the last {len(last_50)} requests failed. "
+                              f"Response codes: {_codes(last_50)}. To resume: "
+                              f"del {contracts.last_50_key(source)}; srem {contracts.HALTED} {source}")
+        surge = surge_of_errors(minute)
+        if surge and not temp_halted:
+            if await self._redis.sadd(contracts.TEMP_HALTED, source):
+                log_event(contracts.EVENT_CRAWL_HALTED, type="temporary", source=source,
+                          msg=f"{source} tripped temporary halt. Response codes: {_codes(minute)}")
+        elif not surge and temp_halted:
+            if await self._redis.srem(contracts.TEMP_HALTED, source):
+                log_event(contracts.EVENT_CRAWL_RESUMED, source=source,
+                          msg=f"{source}: errors fell back under the threshold; crawling resumes")

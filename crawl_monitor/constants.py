@@ -1,0 +1,55 @@
+"""The monitor's tunables, in one place so that a policy change is a one-line diff.
+
+SPEC names (topics, Redis keys, SPEC events) live in ``common.contracts``;
+this module holds only the numbers and the monitor's own diagnostic events.
+"""
+from __future__ import annotations
+
+# --- Computed rate (SPEC 3): linear between two (images, req/s) points, clamped.
+SMALL_SOURCE_IMAGES = 5_000
+SMALL_SOURCE_RATE = 1.0
+LARGE_SOURCE_IMAGES = 500_000_000
+LARGE_SOURCE_RATE = 200.0
+
+SOURCES_REFRESH_SECONDS = 30 * 60
+SOURCES_RETRY_SECONDS = 60          # after a failed refresh; the last known rates stay meanwhile
+SOURCES_FETCH_TIMEOUT = 30.0
+
+# --- Token buckets.
+TICK_SECONDS = 1.0
+# A bucket outlives its tick by one second only: a dead monitor leaves no
+# tokens behind, and a worker's DECR on the missing key reads -1 (fail closed).
+BUCKET_TTL_SECONDS = 2
+RATE_LIMIT_TTL_SECONDS = 10
+MAX_RETRY_AFTER_SECONDS = 60 * 60   # a Retry-After further away than this is capped
+UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60
+
+# --- Circuit breaker (SPEC 3).
+BREAKER_CHECK_SECONDS = 1.0
+TEMP_HALT_ERROR_RATIO = 0.10        # strictly more than this halts
+TEMP_HALT_MIN_SAMPLES = 10          # fewer requests in the minute say too little to judge
+TEMP_HALT_WINDOW_SECONDS = 60
+
+# --- Monitoring log (SPEC 4).
+MONITORING_INTERVAL_SECONDS = 5.0
+
+# --- Splitter.
+SPLIT_BATCH_SIZE = 5_000            # one flush and one commit per batch: the throughput lever
+SPLIT_POLL_SECONDS = 0.5
+SPLIT_FLUSH_SECONDS = 10.0
+SPLIT_MAX_BACKOFF_SECONDS = 30.0
+SPLIT_STOP_SECONDS = 20.0           # then give up: the batch is uncommitted, so it is re-split
+
+# --- The monitor's own diagnostic events (not part of the SPEC).
+EVENT_SOURCES_LOADED = "sources_loaded"
+EVENT_SOURCES_UNAVAILABLE = "sources_unavailable"
+EVENT_OVERRIDE_INVALID = "override_rate_invalid"
+EVENT_RETRY_AFTER_INVALID = "retry_after_invalid"
+EVENT_COMPONENT_ERROR = "monitor_component_error"
+EVENT_MESSAGES_REJECTED = "messages_rejected"
+EVENT_SPLIT_RETRY = "split_batch_retry"
+EVENT_SPLITTER_STOPPED = "splitter_stopped"
+EVENT_MONITOR_STARTED = "monitor_started"
+EVENT_MONITOR_STOPPED = "monitor_stopped"
+EVENT_TSV_BAD_ROW = "tsv_bad_row"
+EVENT_TSV_DONE = "tsv_produced"

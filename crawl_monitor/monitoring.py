@@ -1,0 +1,96 @@
+"""The ``monitoring_update`` log line (SPEC 4): the crawl's state every 5 seconds.
+
+Totals are read from the counters workers and the splitter keep in Redis;
+rates are the change of those totals over the interval since the last line.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Callable
+
+from common import contracts
+from common.jsonlog import log_event
+
+_TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
+
+
+def _int(raw: Any) -> int:
+    try:
+        return int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _float(raw: Any) -> float:
+    try:
+        return float(raw or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+class MonitoringLog:
+    """Builds and logs each update; ``latest`` holds the last one for the dashboard."""
+
+    def __init__(self, redis: Any, clock: Callable[[], float] = time.monotonic):
+        self._redis = redis
+        self._clock = clock
+        self._previous: tuple[float, dict[str, int]] | None = None
+        self.latest: dict[str, Any] | None = None
+
+    async def update(self) -> dict[str, Any]:
+        """Read the counters, log one ``monitoring_update`` and return it."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.mget(list(_TOTALS))
+            pipe.smembers(contracts.INBOUND_SOURCES)
+            pipe.smembers(contracts.HALTED)
+            pipe.smembers(contracts.TEMP_HALTED)
+            raw_totals, inbound, halted, temp_halted = await pipe.execute()
+        now = self._clock()
+        totals = dict(zip(_TOTALS, map(_int, raw_totals)))
+        sources = sorted(inbound)
+        specific = await self._per_source(sources)
+
+        previous_at, previous = self._previous or (now, totals)
+        self._previous = (now, totals)
+        elapsed = now - previous_at
+
+        def rate(name: str) -> float:
+            # A counter that went down (Redis flushed) restarts the count rather than going negative.
+            if elapsed <= 0:
+                return 0.0
+            return round(max(0, totals[name] - previous[name]) / elapsed, 3)
+
+        general = {
+            "global_max_rps": round(sum(s["rate_limit"] for s in specific.values()), 3),
+            "error_rps": rate(contracts.RESIZE_ERRORS),
+            "processing_rate": round(rate(contracts.NUM_RESIZED) + rate(contracts.RESIZE_ERRORS), 3),
+            "success_rps": rate(contracts.NUM_RESIZED),
+            "circuit_breaker_tripped": sorted(set(halted) | set(temp_halted)),
+            "num_resized": totals[contracts.NUM_RESIZED],
+            "resize_errors": totals[contracts.RESIZE_ERRORS],
+            "split_rate": rate(contracts.NUM_SPLIT),
+        }
+        self.latest = log_event(contracts.EVENT_MONITORING_UPDATE, general=general, specific=specific)
+        return self.latest
+
+    async def _per_source(self, sources: list[str]) -> dict[str, dict[str, Any]]:
+        if not sources:
+            return {}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for source in sources:
+                pipe.get(contracts.resized_key(source))
+                pipe.get(contracts.errors_key(source))
+                pipe.lrange(contracts.last_50_key(source), 0, -1)
+                pipe.get(contracts.rate_limit_key(source))
+            replies = await pipe.execute()
+        specific = {}
+        for index, source in enumerate(sources):
+            successful, error, last_50, rate_limit = replies[index * 4:(index + 1) * 4]
+            specific[source] = {
+                "successful": _int(successful),
+                "error": _int(error),
+                "last_50_statuses": dict(Counter(last_50)),
+                "rate_limit": _float(rate_limit),
+            }
+        return specific

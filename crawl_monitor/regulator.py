@@ -1,0 +1,155 @@
+"""The rate-limit regulator: every source's token bucket, refilled once a second.
+
+Workers ``DECR currtokens:{source}`` before each request and fetch only on a
+result >= 0, so the bucket's value each second *is* the source's rate. The
+bucket is SET, never incremented: a token unused within its second is gone
+rather than saved up into a burst. Each SET carries a short expiry, so a
+dead monitor leaves empty buckets behind and the crawl stops (fail closed).
+"""
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Any
+
+from common import contracts
+from common.jsonlog import log_event
+from crawl_monitor.constants import (BUCKET_TTL_SECONDS, EVENT_OVERRIDE_INVALID,
+                                     EVENT_RETRY_AFTER_INVALID, MAX_RETRY_AFTER_SECONDS,
+                                     RATE_LIMIT_TTL_SECONDS, UNKNOWN_SOURCE_REPORT_SECONDS)
+from crawl_monitor.sources import rate_for_size
+
+# Float sums such as 0.1 * 10 land a hair under the whole number they mean.
+_EPSILON = 1e-9
+
+
+class Regulator:
+    """Decides each source's tokens for the coming second and writes them to Redis.
+
+    Rate precedence: an operator's ``override_rate:{source}`` wins over the
+    rate computed from the source's size; a source with neither gets nothing
+    and is reported. A halted, temporarily halted or Retry-After-paused source
+    gets an explicit 0 whatever its rate.
+    """
+
+    def __init__(self, redis: Any):
+        self._redis = redis
+        self._computed: dict[str, float] = {}
+        # Fractional tokens carried to the next second: 0.5 req/s gives 0, 1, 0, 1...
+        # and 1.5 req/s gives 1, 2, 1, 2..., so every average is exact.
+        self._credit: dict[str, float] = {}
+        self._pauses: dict[str, tuple[str, float]] = {}  # source -> (raw key value, paused until)
+        self._reported_bad: dict[str, str] = {}          # Redis key -> unusable value already reported
+        self._unknown_reported_at: dict[str, float] = {}
+        self.rates: dict[str, float] = {}                # effective rates granted by the last tick
+
+    def set_sizes(self, sizes: dict[str, int]) -> None:
+        """Adopt a freshly loaded sources list (source -> image count)."""
+        self._computed = {source: rate_for_size(count) for source, count in sizes.items()}
+
+    async def tick(self, now: float) -> dict[str, int]:
+        """Set every bucket for the second starting at ``now`` (Unix time); return the grants."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.smembers(contracts.INBOUND_SOURCES)
+            pipe.smembers(contracts.HALTED)
+            pipe.smembers(contracts.TEMP_HALTED)
+            inbound, halted, temp_halted = await pipe.execute()
+        sources = sorted(set(self._computed) | set(inbound))
+        if not sources:
+            self.rates = {}
+            return {}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.mget([contracts.override_rate_key(s) for s in sources])
+            pipe.mget([contracts.retry_after_key(s) for s in sources])
+            overrides, retry_afters = await pipe.execute()
+
+        grants: dict[str, int] = {}
+        rates: dict[str, float] = {}
+        for source, override, retry_after in zip(sources, overrides, retry_afters):
+            rate = self._configured_rate(source, override)
+            if rate is None:
+                self._report_unknown(source, now)
+                rate = 0.0
+            elif source in halted or source in temp_halted or self._paused(source, retry_after, now):
+                rate = 0.0
+            grants[source] = self._take_tokens(source, rate)
+            rates[source] = rate
+
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for source, tokens in grants.items():
+                pipe.set(contracts.tokens_key(source), tokens, ex=BUCKET_TTL_SECONDS)
+                pipe.set(contracts.rate_limit_key(source), rates[source], ex=RATE_LIMIT_TTL_SECONDS)
+            await pipe.execute()
+        self.rates = rates
+        return grants
+
+    async def empty_buckets(self) -> None:
+        """On a clean stop, take every token back now rather than when the keys expire."""
+        keys = [key for source in self.rates
+                for key in (contracts.tokens_key(source), contracts.rate_limit_key(source))]
+        if keys:
+            await self._redis.delete(*keys)
+
+    def _take_tokens(self, source: str, rate: float) -> int:
+        if rate <= 0:
+            self._credit.pop(source, None)
+            return 0
+        credit = self._credit.get(source, 0.0) + rate
+        tokens = math.floor(credit + _EPSILON)
+        self._credit[source] = max(0.0, credit - tokens)
+        return tokens
+
+    def _configured_rate(self, source: str, override: str | None) -> float | None:
+        rate = self._number(contracts.override_rate_key(source), source, override, EVENT_OVERRIDE_INVALID)
+        if rate is None:
+            rate = self._computed.get(source)
+        if rate is not None:
+            self._unknown_reported_at.pop(source, None)
+        return rate
+
+    def _report_unknown(self, source: str, now: float) -> None:
+        """Once, then again every few minutes while it lasts: a log line a second is noise."""
+        last = self._unknown_reported_at.get(source)
+        if last is None or now - last >= UNKNOWN_SOURCE_REPORT_SECONDS:
+            self._unknown_reported_at[source] = now
+            log_event(contracts.EVENT_SOURCE_UNKNOWN, source=source,
+                      msg=f"{source} has URLs but is neither in the sources list nor overridden; "
+                          f"it gets no tokens. Set {contracts.override_rate_key(source)} to crawl it.")
+
+    def _paused(self, source: str, retry_after: str | None, now: float) -> bool:
+        """Whether a worker's Retry-After (a Unix time) still pauses the source."""
+        if retry_after is None:
+            self._pauses.pop(source, None)
+            return False
+        known = self._pauses.get(source)
+        if known is None or known[0] != retry_after:
+            until = self._number(contracts.retry_after_key(source), source, retry_after,
+                                 EVENT_RETRY_AFTER_INVALID)
+            if until is None:
+                return False
+            # Capped when first seen, so a far-future value cannot stop a source for good.
+            until = min(until, now + MAX_RETRY_AFTER_SECONDS)
+            was_paused = known is not None and known[1] > now
+            self._pauses[source] = (retry_after, until)
+            if until > now and not was_paused:
+                log_event(contracts.EVENT_RETRY_AFTER, source=source,
+                          until=datetime.fromtimestamp(until, timezone.utc).isoformat())
+        return self._pauses[source][1] > now
+
+    def _number(self, key: str, source: str, raw: str | None, bad_event: str) -> float | None:
+        """A non-negative finite float from an operator- or worker-written key; else report once."""
+        if raw is None:
+            self._reported_bad.pop(key, None)
+            return None
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            self._reported_bad.pop(key, None)
+            return value
+        if self._reported_bad.get(key) != raw:
+            self._reported_bad[key] = raw
+            log_event(bad_event, source=source, key=key, value=str(raw)[:100],
+                      msg="not a non-negative number: ignored")
+        return None

@@ -1,0 +1,243 @@
+"""The splitter: ``inbound_images`` fanned out to one ``urls.{source}`` topic per source.
+
+Workers pull from each source separately so that a slow source never starves
+the others. Throughput comes from batches: one consume of thousands of
+messages, one flush, one commit, one Redis pipeline. The inbound offsets are
+committed only once every message of the batch is acknowledged by the broker,
+so a crash anywhere before the commit re-splits the batch (at-least-once)
+instead of losing it. The whole loop runs on its own thread: every Kafka call
+blocks, and none of them may stall the monitor's event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from redis import Redis
+
+from common import contracts
+from common.jsonlog import log_event
+from common.kafka import consumer_config, ensure_topics, producer_config
+from common.settings import Settings
+from crawl_monitor.constants import (EVENT_COMPONENT_ERROR, EVENT_MESSAGES_REJECTED,
+                                     EVENT_SPLIT_RETRY, EVENT_SPLITTER_STOPPED,
+                                     SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
+                                     SPLIT_POLL_SECONDS, SPLIT_STOP_SECONDS)
+
+Record = tuple[str, Any, bytes]  # topic, key, value
+
+
+class Stopping(Exception):
+    """Asked to stop before the batch was done: it stays uncommitted and is re-split later."""
+
+
+@dataclass
+class SplitPlan:
+    """Where each message of one consumed batch goes, and the offsets that batch commits."""
+
+    records: list[Record] = field(default_factory=list)
+    sources: set[str] = field(default_factory=set)
+    split: int = 0
+    rejected: int = 0
+    first_rejection: str = ""
+    offsets: list[TopicPartition] = field(default_factory=list)
+
+
+def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
+    """Validate each message and route it: its source's topic, or ``rejected_messages`` with the reason."""
+    plan = SplitPlan()
+    next_offsets: dict[tuple[str, int], int] = {}
+    for message in messages:
+        if message.error() is not None:
+            log_event(EVENT_COMPONENT_ERROR, component="splitter", error=str(message.error()))
+            continue
+        next_offsets[(message.topic(), message.partition())] = message.offset() + 1
+        raw = message.value()
+        try:
+            request = contracts.parse_crawl_request(raw)
+        except contracts.InvalidMessage as exc:
+            plan.records.append((contracts.REJECTED_TOPIC, None, contracts.rejected_message(inbound_topic, raw, str(exc))))
+            plan.rejected += 1
+            plan.first_rejection = plan.first_rejection or str(exc)
+            continue
+        # Keyed by uuid: a source's URLs spread over all its partitions, hence over all workers.
+        plan.records.append((contracts.source_topic(request.source), request.uuid, request.to_json()))
+        plan.sources.add(request.source)
+        plan.split += 1
+    plan.offsets = [TopicPartition(topic, partition, offset)
+                    for (topic, partition), offset in next_offsets.items()]
+    return plan
+
+
+class Splitter:
+    """One consumer, one producer and a Redis client, driven batch by batch from one thread."""
+
+    def __init__(self, consumer: Any, producer: Any, redis: Any,
+                 create_topics: Callable[[list[str]], None], *,
+                 inbound_topic: str = contracts.INBOUND_TOPIC, batch_size: int = SPLIT_BATCH_SIZE,
+                 poll_seconds: float = SPLIT_POLL_SECONDS):
+        self._consumer = consumer
+        self._producer = producer
+        self._redis = redis
+        self._create_topics = create_topics
+        self._inbound_topic = inbound_topic
+        self._batch_size = batch_size
+        self._poll_seconds = poll_seconds
+        self._ready_topics = {contracts.REJECTED_TOPIC}
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.split_once(stop)
+
+    def split_once(self, stop: threading.Event) -> int:
+        """Split one batch; return how many messages went to source topics."""
+        messages = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_seconds)
+        if not messages:
+            return 0
+        plan = plan_batch(messages, self._inbound_topic)
+        self._retry_until_done(lambda: self._deliver(plan, stop), stop)
+        self._retry_until_done(lambda: self._record(plan), stop)
+        self._commit(plan.offsets)
+        if plan.rejected:
+            log_event(EVENT_MESSAGES_REJECTED, topic=self._inbound_topic, count=plan.rejected,
+                      first_reason=plan.first_rejection)
+        return plan.split
+
+    def close(self) -> None:
+        """Leave the consumer group at once, so a successor gets the partitions without waiting."""
+        try:
+            self._consumer.close()
+        finally:
+            self._producer.flush(1.0)
+            self._redis.close()
+
+    def _deliver(self, plan: SplitPlan, stop: threading.Event) -> None:
+        new_topics = {topic for topic, _, _ in plan.records} - self._ready_topics
+        if new_topics:
+            self._create_topics(sorted(new_topics))
+            self._ready_topics |= new_topics
+        pending = plan.records
+        while pending:
+            failed: list[Record] = []
+
+            def on_failure(err: KafkaError | None, message: Message) -> None:
+                if err is not None:  # the producer reports failures only
+                    failed.append((message.topic(), message.key(), message.value()))
+
+            for topic, key, value in pending:
+                self._produce(topic, key, value, on_failure)
+            while self._producer.flush(SPLIT_FLUSH_SECONDS) > 0:
+                if stop.is_set():
+                    raise Stopping()
+            if failed:
+                # Resend only what failed: whatever was acknowledged stays acknowledged.
+                log_event(EVENT_SPLIT_RETRY, error=f"{len(failed)} of {len(pending)} messages not acknowledged")
+                if stop.wait(1.0):
+                    raise Stopping()
+            pending = failed
+
+    def _record(self, plan: SplitPlan) -> None:
+        if plan.split:
+            with self._redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(contracts.INBOUND_SOURCES, *plan.sources)
+                pipe.incrby(contracts.NUM_SPLIT, plan.split)
+                pipe.execute()
+
+    def _produce(self, topic: str, key: Any, value: bytes, on_delivery: Callable) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                return
+            except BufferError:  # the local queue is full: wait for room, never drop
+                self._producer.poll(0.1)
+
+    def _retry_until_done(self, step: Callable[[], None], stop: threading.Event) -> None:
+        """Retry a batch that hit a broken broker or Redis, with backoff, until it is done or we stop.
+
+        The batch must not be skipped: committing the next one would commit past it.
+        """
+        delay = 0.5
+        while True:
+            try:
+                step()
+                return
+            except Stopping:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: same batch again, never skip it
+                log_event(EVENT_SPLIT_RETRY, error=f"{type(exc).__name__}: {exc}", retry_in=delay)
+            if stop.wait(delay):
+                raise Stopping()
+            delay = min(delay * 2, SPLIT_MAX_BACKOFF_SECONDS)
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # Typically a rebalance took the partitions: their new owner re-splits from the
+            # last commit. Duplicates, never losses.
+            log_event(EVENT_COMPONENT_ERROR, component="splitter", error=f"commit failed: {exc}")
+
+
+def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
+            group: str = contracts.SPLITTER_GROUP, batch_size: int = SPLIT_BATCH_SIZE) -> Splitter:
+    """A splitter on the real servers (blocking: call it from the splitter's thread)."""
+    hosts, partitions = settings.kafka_hosts, settings.kafka_partitions
+    ensure_topics(hosts, [inbound_topic, contracts.REJECTED_TOPIC], partitions)
+    consumer = Consumer(consumer_config(hosts, group))
+    consumer.subscribe([inbound_topic])
+    producer = Producer(producer_config(hosts, **{"delivery.report.only.error": True}))
+    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    return Splitter(consumer, producer, redis,
+                    lambda topics: ensure_topics(hosts, topics, partitions),
+                    inbound_topic=inbound_topic, batch_size=batch_size)
+
+
+async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: float = SPLIT_STOP_SECONDS) -> None:
+    """Run the splitter on its own thread until cancelled; reconnect after a failure.
+
+    On cancellation the current batch is finished (or abandoned uncommitted)
+    within ``stop_seconds``; past that the thread is left to die with the
+    process, which is safe for the same reason: nothing uncommitted is lost.
+    """
+    loop = asyncio.get_running_loop()
+    stop = threading.Event()
+    finished: asyncio.Future[None] = loop.create_future()
+
+    def work() -> None:
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                splitter = make_splitter()
+                try:
+                    splitter.run(stop)
+                finally:
+                    splitter.close()
+            except Stopping:
+                break
+            except Exception as exc:  # noqa: BLE001 - reconnect rather than stop splitting
+                log_event(EVENT_COMPONENT_ERROR, component="splitter", error=f"{type(exc).__name__}: {exc}",
+                          retry_in=delay)
+                stop.wait(delay)
+                delay = min(delay * 2, SPLIT_MAX_BACKOFF_SECONDS)
+        log_event(EVENT_SPLITTER_STOPPED)
+        try:
+            loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(None))
+        except RuntimeError:  # the loop is gone already
+            pass
+
+    threading.Thread(target=work, name="splitter", daemon=True).start()
+    try:
+        await asyncio.shield(finished)
+    finally:
+        stop.set()
+        if not finished.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(finished), stop_seconds)
+            except asyncio.TimeoutError:
+                log_event(EVENT_COMPONENT_ERROR, component="splitter",
+                          error="did not stop in time; its uncommitted batch will be re-split")

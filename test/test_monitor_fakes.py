@@ -1,0 +1,260 @@
+"""Small in-process fakes of Redis and Kafka for the monitor's unit tests (plus their own checks).
+
+Only the calls the monitor makes are implemented, with Redis's
+``decode_responses=True`` semantics: every value comes back as ``str``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _bound(raw: Any) -> tuple[float, bool]:
+    """A ZRANGEBYSCORE bound: (value, exclusive)."""
+    text = str(raw)
+    exclusive = text.startswith("(")
+    text = text.lstrip("(")
+    value = {"-inf": -math.inf, "+inf": math.inf, "inf": math.inf}.get(text)
+    return (float(text) if value is None else value), exclusive
+
+
+def _in_range(score: float, low: Any, high: Any) -> bool:
+    (lo, lo_ex), (hi, hi_ex) = _bound(low), _bound(high)
+    return (score > lo if lo_ex else score >= lo) and (score < hi if hi_ex else score <= hi)
+
+
+class FakeStore:
+    """The data and the commands, synchronous."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.expiry: dict[str, float] = {}
+        self.closed = False
+
+    def get(self, key: str) -> str | None:
+        return self.data.get(key)
+
+    def set(self, key: str, value: Any, ex: int | None = None) -> bool:
+        self.data[key] = str(value)
+        if ex is None:
+            self.expiry.pop(key, None)
+        else:
+            self.expiry[key] = ex
+        return True
+
+    def mget(self, keys: list[str]) -> list[str | None]:
+        return [self.data.get(key) for key in keys]
+
+    def delete(self, *keys: str) -> int:
+        return sum(self.data.pop(key, None) is not None for key in keys)
+
+    def incrby(self, key: str, amount: int) -> int:
+        self.data[key] = str(int(self.data.get(key, 0)) + amount)
+        return int(self.data[key])
+
+    def decr(self, key: str) -> int:
+        return self.incrby(key, -1)
+
+    def smembers(self, key: str) -> set[str]:
+        return set(self.data.get(key, set()))
+
+    def sadd(self, key: str, *members: str) -> int:
+        current = self.data.setdefault(key, set())
+        added = len(set(members) - current)
+        current.update(members)
+        return added
+
+    def srem(self, key: str, *members: str) -> int:
+        current = self.data.get(key, set())
+        removed = len(current & set(members))
+        current.difference_update(members)
+        return removed
+
+    def rpush(self, key: str, *values: str) -> int:
+        self.data.setdefault(key, []).extend(str(v) for v in values)
+        return len(self.data[key])
+
+    def lrange(self, key: str, start: int, end: int) -> list[str]:
+        values = self.data.get(key, [])
+        end = len(values) if end == -1 else end + 1
+        return list(values[start:end])
+
+    def zadd(self, key: str, mapping: dict[str, float]) -> int:
+        zset = self.data.setdefault(key, {})
+        added = len(set(mapping) - set(zset))
+        zset.update(mapping)
+        return added
+
+    def zrangebyscore(self, key: str, low: Any, high: Any) -> list[str]:
+        zset = self.data.get(key, {})
+        return [m for m, s in sorted(zset.items(), key=lambda kv: kv[1]) if _in_range(s, low, high)]
+
+    def zremrangebyscore(self, key: str, low: Any, high: Any) -> int:
+        zset = self.data.get(key, {})
+        gone = [m for m, s in zset.items() if _in_range(s, low, high)]
+        for member in gone:
+            del zset[member]
+        return len(gone)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Pipeline:
+    def __init__(self, store: FakeStore):
+        self._store = store
+        self._calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name: str):
+        def queue(*args: Any, **kwargs: Any) -> "_Pipeline":
+            self._calls.append((name, args, kwargs))
+            return self
+        return queue
+
+    def _run(self) -> list[Any]:
+        calls, self._calls = self._calls, []
+        return [getattr(self._store, name)(*args, **kwargs) for name, args, kwargs in calls]
+
+
+class SyncPipeline(_Pipeline):
+    def __enter__(self) -> "SyncPipeline":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def execute(self) -> list[Any]:
+        return self._run()
+
+
+class AsyncPipeline(_Pipeline):
+    async def __aenter__(self) -> "AsyncPipeline":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    async def execute(self) -> list[Any]:
+        return self._run()
+
+
+class FakeRedis(FakeStore):
+    """redis.Redis (sync): commands and ``pipeline()``."""
+
+    fail_next = 0  # make this many pipeline executions raise ConnectionError
+
+    def pipeline(self, transaction: bool = True) -> SyncPipeline:
+        store = self
+
+        class Failing(SyncPipeline):
+            def execute(self) -> list[Any]:
+                if store.fail_next:
+                    store.fail_next -= 1
+                    raise ConnectionError("fake Redis is down")
+                return super().execute()
+
+        return Failing(self)
+
+
+class FakeAsyncRedis:
+    """redis.asyncio.Redis: the same store behind awaitable commands."""
+
+    def __init__(self, store: FakeStore | None = None):
+        self.store = store or FakeStore()
+
+    def pipeline(self, transaction: bool = True) -> AsyncPipeline:
+        return AsyncPipeline(self.store)
+
+    def __getattr__(self, name: str):
+        command = getattr(self.store, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return command(*args, **kwargs)
+        return call
+
+
+# --- Kafka ---------------------------------------------------------------
+class FakeMessage:
+    def __init__(self, value: bytes | None, offset: int, topic: str = "inbound", partition: int = 0,
+                 error: Any = None, key: Any = None):
+        self._value, self._offset, self._topic, self._partition, self._error, self._key = (
+            value, offset, topic, partition, error, key)
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> Any:
+        return self._key
+
+    def offset(self) -> int:
+        return self._offset
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def error(self) -> Any:
+        return self._error
+
+
+class FakeConsumer:
+    """Hands out queued batches; records commits."""
+
+    def __init__(self, batches: list[list[FakeMessage]]):
+        self.batches = list(batches)
+        self.commits: list[list[tuple[str, int, int]]] = []
+        self.closed = False
+
+    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
+        return self.batches.pop(0) if self.batches else []
+
+    def commit(self, offsets: list, asynchronous: bool) -> None:
+        assert asynchronous is False
+        self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeProducer:
+    """Acknowledges on flush; the first ``fail_first`` messages of a flush fail once each."""
+
+    def __init__(self, fail_first: int = 0, buffer_errors: int = 0):
+        self.delivered: list[tuple[str, Any, bytes]] = []
+        self.queued: list[tuple[str, Any, bytes, Any]] = []
+        self.fail_first = fail_first
+        self.buffer_errors = buffer_errors
+
+    def produce(self, topic: str, value: bytes, key: Any = None, on_delivery: Any = None) -> None:
+        if self.buffer_errors:
+            self.buffer_errors -= 1
+            raise BufferError("queue full")
+        self.queued.append((topic, key, value, on_delivery))
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        queued, self.queued = self.queued, []
+        for topic, key, value, on_delivery in queued:
+            if self.fail_first:
+                self.fail_first -= 1
+                on_delivery("broker said no", FakeMessage(value, -1, topic, key=key))
+            else:
+                self.delivered.append((topic, key, value))
+        return 0
+
+
+# --- The fakes' own checks ------------------------------------------------
+def test_fake_store_follows_redis_semantics() -> None:
+    store = FakeStore()
+    store.zadd("z", {"a:1": 1.0, "b:2": 2.0, "c:3": 3.0})
+    assert store.zrangebyscore("z", 2.0, "+inf") == ["b:2", "c:3"]
+    assert store.zremrangebyscore("z", "-inf", "(2.0") == 1
+    assert store.zrangebyscore("z", "-inf", "+inf") == ["b:2", "c:3"]
+    store.rpush("l", *"abc")
+    assert store.lrange("l", 0, -1) == ["a", "b", "c"] and store.lrange("l", 0, 1) == ["a", "b"]
+    assert store.decr("missing") == -1
+    assert store.sadd("s", "x", "y") == 2 and store.sadd("s", "x") == 0 and store.srem("s", "x") == 1

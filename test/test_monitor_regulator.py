@@ -1,0 +1,161 @@
+"""The token buckets (SPEC 3), driven tick by tick with a fake clock and a fake Redis."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common import contracts
+from crawl_monitor.constants import BUCKET_TTL_SECONDS, MAX_RETRY_AFTER_SECONDS
+from crawl_monitor.regulator import Regulator
+from test.test_monitor_fakes import FakeAsyncRedis
+
+T0 = 1_800_000_000.0  # a fixed wall-clock second
+
+
+def events(capsys, name: str) -> list[dict]:
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    return [line for line in lines if line["event"] == name]
+
+
+@pytest.fixture
+def redis() -> FakeAsyncRedis:
+    return FakeAsyncRedis()
+
+
+def regulator_with(redis: FakeAsyncRedis, **sizes: int) -> Regulator:
+    regulator = Regulator(redis)
+    regulator.set_sizes(sizes)
+    return regulator
+
+
+async def run_ticks(regulator: Regulator, source: str, seconds: int, start: float = T0) -> list[int]:
+    return [(await regulator.tick(start + second))[source] for second in range(seconds)]
+
+
+async def test_buckets_hold_the_computed_rate_and_expire_quickly(redis) -> None:
+    regulator = regulator_with(redis, big=500_000_000, small=5_000, mid=250_002_500)
+    grants = await regulator.tick(T0)
+    assert grants == {"big": 200, "small": 1, "mid": 100}
+    assert redis.store.get(contracts.tokens_key("big")) == "200"
+    assert redis.store.expiry[contracts.tokens_key("big")] == BUCKET_TTL_SECONDS <= 2
+    assert float(redis.store.get(contracts.rate_limit_key("mid"))) == pytest.approx(100.5)
+    assert regulator.rates["big"] == 200.0
+
+
+async def test_half_a_request_per_second_is_one_token_every_two_seconds(redis) -> None:
+    regulator = regulator_with(redis)
+    await redis.set(contracts.override_rate_key("slow"), "0.5")
+    await redis.sadd(contracts.INBOUND_SOURCES, "slow")
+    seen = []
+    for second in range(10):
+        await regulator.tick(T0 + second)
+        seen.append(redis.store.get(contracts.tokens_key("slow")))
+    # The bucket is SET each second: the unused token of second 1 is gone in second 2, no burst.
+    assert seen == ["0", "1"] * 5
+
+
+@pytest.mark.parametrize("rate, seconds, expected_total, max_per_second", [
+    ("1.5", 10, 15, 2), ("0.2", 20, 4, 1), ("2.75", 4, 11, 3), ("0.1", 30, 3, 1), ("0", 5, 0, 0),
+])
+async def test_fractional_rates_carry_over_so_the_average_is_exact(
+        redis, rate: str, seconds: int, expected_total: int, max_per_second: int) -> None:
+    regulator = regulator_with(redis)
+    await redis.set(contracts.override_rate_key("s"), rate)
+    await redis.sadd(contracts.INBOUND_SOURCES, "s")
+    grants = await run_ticks(regulator, "s", seconds)
+    assert sum(grants) == expected_total and max(grants) == max_per_second
+
+
+async def test_an_override_wins_and_its_removal_restores_the_computed_rate(redis) -> None:
+    regulator = regulator_with(redis, example=5_000)
+    assert (await regulator.tick(T0))["example"] == 1
+    await redis.set(contracts.override_rate_key("example"), "5")
+    assert (await regulator.tick(T0 + 1))["example"] == 5
+    assert redis.store.get(contracts.rate_limit_key("example")) == "5.0"
+    await redis.delete(contracts.override_rate_key("example"))
+    assert (await regulator.tick(T0 + 2))["example"] == 1
+
+
+@pytest.mark.parametrize("bad", ["fast", "", "-1", "nan", "inf", "5 req/s"])
+async def test_an_unparsable_override_is_reported_once_and_ignored(redis, capsys, bad: str) -> None:
+    regulator = regulator_with(redis, example=5_000)
+    await redis.set(contracts.override_rate_key("example"), bad)
+    assert await run_ticks(regulator, "example", 3) == [1, 1, 1]
+    reported = events(capsys, "override_rate_invalid")
+    assert len(reported) == 1 and reported[0]["source"] == "example"
+
+
+async def test_halted_and_temp_halted_buckets_are_set_to_zero(redis) -> None:
+    regulator = regulator_with(redis, a=500_000_000, b=500_000_000, c=500_000_000)
+    await regulator.tick(T0)
+    await redis.sadd(contracts.HALTED, "a")
+    await redis.sadd(contracts.TEMP_HALTED, "b")
+    await redis.set(contracts.override_rate_key("a"), "5")  # an override does not lift a halt
+    grants = await regulator.tick(T0 + 1)
+    assert grants == {"a": 0, "b": 0, "c": 200}
+    assert redis.store.get(contracts.tokens_key("a")) == "0" == redis.store.get(contracts.tokens_key("b"))
+    assert redis.store.expiry[contracts.tokens_key("a")] == BUCKET_TTL_SECONDS
+    assert redis.store.get(contracts.rate_limit_key("a")) == "0.0"
+    await redis.srem(contracts.HALTED, "a")
+    assert (await regulator.tick(T0 + 2))["a"] == 5
+
+
+async def test_a_source_with_urls_but_no_rate_gets_nothing_and_is_reported_now_and_then(redis, capsys) -> None:
+    regulator = regulator_with(redis, known=5_000)
+    await redis.sadd(contracts.INBOUND_SOURCES, "mystery", "known")
+    for second in range(0, 299, 10):
+        assert (await regulator.tick(T0 + second))["mystery"] == 0
+    assert redis.store.get(contracts.tokens_key("mystery")) == "0"
+    assert [e["source"] for e in events(capsys, contracts.EVENT_SOURCE_UNKNOWN)] == ["mystery"]
+    await regulator.tick(T0 + 300)  # still unknown five minutes on: said again
+    assert len(events(capsys, contracts.EVENT_SOURCE_UNKNOWN)) == 1
+    await redis.set(contracts.override_rate_key("mystery"), "2")
+    assert (await regulator.tick(T0 + 301))["mystery"] == 2
+    await redis.delete(contracts.override_rate_key("mystery"))
+    await regulator.tick(T0 + 302)  # unknown again: a new episode is reported at once
+    assert len(events(capsys, contracts.EVENT_SOURCE_UNKNOWN)) == 1
+
+
+async def test_retry_after_pauses_the_source_until_then_with_one_event(redis, capsys) -> None:
+    regulator = regulator_with(redis, example=500_000_000)
+    await redis.set(contracts.retry_after_key("example"), str(T0 + 30))
+    grants = [(await regulator.tick(T0 + second))["example"] for second in range(0, 40, 5)]
+    assert grants == [0, 0, 0, 0, 0, 0, 200, 200]
+    paused = events(capsys, contracts.EVENT_RETRY_AFTER)
+    assert len(paused) == 1 and paused[0]["source"] == "example" and paused[0]["until"]
+
+
+async def test_retry_after_is_capped_at_an_hour(redis) -> None:
+    regulator = regulator_with(redis, example=500_000_000)
+    await redis.set(contracts.retry_after_key("example"), str(T0 + 365 * 86400))
+    assert (await regulator.tick(T0))["example"] == 0
+    assert (await regulator.tick(T0 + MAX_RETRY_AFTER_SECONDS - 1))["example"] == 0
+    assert (await regulator.tick(T0 + MAX_RETRY_AFTER_SECONDS))["example"] == 200
+
+
+async def test_a_new_retry_after_while_paused_extends_without_a_second_event(redis, capsys) -> None:
+    regulator = regulator_with(redis, example=500_000_000)
+    await redis.set(contracts.retry_after_key("example"), str(T0 + 10))
+    await regulator.tick(T0)
+    await redis.set(contracts.retry_after_key("example"), str(T0 + 20))
+    assert (await regulator.tick(T0 + 5))["example"] == 0
+    assert (await regulator.tick(T0 + 15))["example"] == 0
+    assert (await regulator.tick(T0 + 20))["example"] == 200
+    assert len(events(capsys, contracts.EVENT_RETRY_AFTER)) == 1
+    await redis.set(contracts.retry_after_key("example"), "soon")  # garbage: ignored, reported
+    assert (await regulator.tick(T0 + 21))["example"] == 200
+    assert len(events(capsys, "retry_after_invalid")) == 1
+
+
+async def test_a_clean_stop_empties_the_buckets(redis) -> None:
+    regulator = regulator_with(redis, example=500_000_000)
+    await regulator.tick(T0)
+    await regulator.empty_buckets()
+    assert await redis.decr(contracts.tokens_key("example")) == -1  # fail closed
+    assert redis.store.get(contracts.rate_limit_key("example")) is None
+
+
+async def test_no_sources_no_writes(redis) -> None:
+    assert await Regulator(redis).tick(T0) == {}
+    assert redis.store.data == {}
