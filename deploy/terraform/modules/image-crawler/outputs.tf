@@ -1,0 +1,32 @@
+output "dashboard_url" {
+  description = "The monitor's dashboard (also /status and /metrics), reachable from operator_cidr_blocks."
+  value       = "http://${aws_instance.monitor.private_ip}:${var.monitor_port}/"
+}
+
+output "monitor_private_ip" {
+  value = aws_instance.monitor.private_ip
+}
+
+output "worker_private_ips" {
+  value = aws_instance.worker[*].private_ip
+}
+
+output "monitor_security_group_id" {
+  description = "Allow it into the Redis and Kafka security groups."
+  value       = aws_security_group.monitor.id
+}
+
+output "worker_security_group_id" {
+  description = "Allow it into the Redis and Kafka security groups."
+  value       = aws_security_group.worker.id
+}
+
+output "instance_role_name" {
+  description = "Attach more policies here (e.g. a KMS key for the SSM parameters)."
+  value       = aws_iam_role.crawler.name
+}
+
+output "log_group_name" {
+  description = "CloudWatch log group of both containers; the monitor's stream holds its JSON events."
+  value       = aws_cloudwatch_log_group.crawler.name
+}
