@@ -66,15 +66,18 @@ class Outcomes:
                 self.kinds[identifier][kind] += 1
         return len(self.kinds) - before
 
-    def wait(self, timeout: float, on_poll: Callable[[int], None] | None = None) -> bool:
-        """Poll until every wanted uuid has an outcome or ``timeout`` passes. ``on_poll``
-        gets each poll's count of new outcomes (for a progress bar) and may raise to give up."""
+    def wait(self, timeout: float, on_poll: Callable[[int], None] | None = None,
+             until: int | None = None) -> bool:
+        """Poll until ``until`` uuids (default: all) have an outcome or ``timeout`` passes.
+        ``on_poll`` gets each poll's count of new outcomes (for a progress bar) and may raise
+        to give up. Returns whether the count was reached."""
+        target = len(self.wanted) if until is None else until
         deadline = time.monotonic() + timeout
-        while not self.done and time.monotonic() < deadline:
+        while len(self.kinds) < target and time.monotonic() < deadline:
             new = self.poll(0.5)
             if on_poll is not None:
                 on_poll(new)
-        return self.done
+        return len(self.kinds) >= target
 
     @property
     def done(self) -> bool:

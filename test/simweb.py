@@ -276,12 +276,12 @@ def encode(image: Image.Image, ext: str, quality: int | None = None, artist: str
         if artist:
             exif[EXIF_ARTIST] = artist
         image.convert("RGB").save(buffer, "JPEG", quality=quality, exif=exif.tobytes())
-    elif ext == "gif":
-        image.convert("P", palette=Image.Palette.ADAPTIVE).save(buffer, "GIF")
+    elif ext == "gif":  # the fast encoder settings: fixtures are built on every run
+        image.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE).save(buffer, "GIF")
     elif ext == "webp":
-        image.save(buffer, "WEBP", quality=quality or 80)
+        image.save(buffer, "WEBP", quality=quality or 80, method=0)
     else:
-        image.save(buffer, "PNG")
+        image.save(buffer, "PNG", compress_level=1)
     return buffer.getvalue()
 
 

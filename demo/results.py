@@ -1,0 +1,103 @@
+"""What the demo leaves in ``out/`` and the summary it prints.
+
+The results are the crawler's real outputs, fetched back the way a
+downstream consumer would: thumbnails from S3, metadata from the Kafka
+topics. The achieved rates come from the sample site's own request log, so
+the summary shows politeness as the website saw it.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import botocore.session
+import redis
+
+from common.contracts import rate_limit_key
+from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
+from devstack.servers import DEV_CREDENTIALS
+from devstack.stack import StackAddresses
+from test.simweb import ROBOTS_PATH, Planned, SimWeb, spec_rate
+
+DOWNLOAD_THREADS = 8
+
+
+def write_topics(outcomes: Outcomes, out_dir: Path) -> list[Path]:
+    """Each outcome topic's messages about this crawl, one JSON object a line."""
+    paths = []
+    for topic, messages in outcomes.messages.items():
+        path = out_dir / f"{topic}.jsonl"
+        path.write_text("".join(json.dumps(m) + "\n" for m in messages))
+        paths.append(path)
+    return paths
+
+
+def download_thumbnails(addresses: StackAddresses, uuids: list[str], folder: Path) -> int:
+    """Fetch ``{uuid}.jpg`` for every success from S3; returns how many were there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=addresses.s3_endpoint_url, **DEV_CREDENTIALS)
+
+    def fetch(uuid: str) -> bool:
+        try:
+            body = client.get_object(Bucket=addresses.s3_bucket, Key=f"{uuid}.jpg")["Body"].read()
+        except client.exceptions.NoSuchKey:
+            return False
+        (folder / f"{uuid}.jpg").write_bytes(body)
+        return True
+
+    with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
+        return sum(pool.map(fetch, uuids))
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    source: str
+    urls: int
+    successes: int
+    link_rot: int
+    errors: int
+    requests: int
+    mean_rps: float
+    peak_rps: int
+    limit: float
+
+
+def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: str) -> list[SourceRow]:
+    """Per source: outcomes, and its achieved rate (mean over its busy span, and the busiest
+    one-second window) against the limit the monitor granted (or the SPEC's, if unset)."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    rows = []
+    for name, site in web.sites.items():
+        uuids = [p.uuid for p in plan if p.source.lower() == name]
+        kinds = [outcomes.kind_of(u) for u in uuids]
+        times = [r.time for r in site.log if r.path != ROBOTS_PATH]
+        span = max(times) - min(times) if len(times) > 1 else 0.0
+        granted = client.get(rate_limit_key(name))
+        rows.append(SourceRow(
+            name, len(uuids), kinds.count(QUALITY), kinds.count(LINK_ROT), kinds.count(CRAWL_ERRORS),
+            len(times), (len(times) - 1) / span if span else 0.0, site.max_in_window(1.0, times),
+            float(granted) if granted else spec_rate(site.spec.image_count)))
+    client.close()
+    return rows
+
+
+def format_table(rows: list[SourceRow]) -> str:
+    header = (f"{'source':<18}{'urls':>6}{'ok':>6}{'rot':>6}{'errors':>8}{'requests':>10}"
+              f"{'mean req/s':>12}{'peak 1s':>9}{'limit/s':>9}")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r.source:<18}{r.urls:>6}{r.successes:>6}{r.link_rot:>6}{r.errors:>8}"
+                     f"{r.requests:>10}{r.mean_rps:>12.2f}{r.peak_rps:>9}{r.limit:>9.2f}")
+    return "\n".join(lines)
+
+
+def error_reasons(outcomes: Outcomes) -> Mapping[str, int]:
+    reasons: dict[str, int] = {}
+    for message in outcomes.messages.get("crawl_errors", []):
+        reason = str(message.get("reason"))
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons

@@ -1,0 +1,102 @@
+"""Issue 6: the whole system on the real stack, judged from the outside.
+
+2,000 URLs over 20 simulated sources (limits from 1 to 200 req/s, 500s, 429s,
+robots.txt rules, a Crawl-delay, dead links, broken files) go through
+``python -m crawl_monitor.tsv_producer`` to a monitor and two workers, all
+subprocesses. The verdict comes from the outputs a downstream consumer sees
+(Kafka topics, S3) and from the websites' own request logs.
+"""
+from __future__ import annotations
+
+import io
+import random
+import time
+from pathlib import Path
+
+import botocore.session
+from PIL import Image
+
+from common.settings import DEFAULT_USER_AGENT, Settings
+from demo.crawl import crawl
+from demo.outcomes import QUALITY, Outcomes
+from devstack.servers import DEV_CREDENTIALS
+from test.conftest import BUCKET
+from test.simweb import Planned, SimWeb, image_size, spec_rate, standard_web
+
+N_SOURCES, N_URLS, WORKERS = 20, 2000, 2
+CRAWL_TIMEOUT = 240.0
+SETTINGS = Settings()
+
+
+def fail_if_dead(cluster):
+    def check(_new: int) -> None:
+        dead = cluster.died()
+        assert not dead, f"{dead[0].name} died: see {dead[0].log_path}"
+    return check
+
+
+def outcome_report(outcomes: Outcomes, plan: list[Planned]) -> str:
+    by_source: dict[str, int] = {}
+    for item in plan:
+        if item.uuid in outcomes.missing():
+            by_source[item.source] = by_source.get(item.source, 0) + 1
+    return f"{len(outcomes.missing())} uuids without an outcome, by source: {by_source}"
+
+
+def assert_outcomes(outcomes: Outcomes, plan: list[Planned]) -> None:
+    """Exactly one terminal kind per uuid, and the kind the path calls for."""
+    assert outcomes.done, outcome_report(outcomes, plan)
+    assert not outcomes.conflicts(), f"uuids with two terminal kinds: {outcomes.conflicts()}"
+    wrong = [(p.source, p.path, outcomes.kind_of(p.uuid)) for p in plan if outcomes.kind_of(p.uuid) not in p.expect]
+    assert not wrong, f"{len(wrong)} unexpected outcomes, e.g. {wrong[:5]}"
+
+
+def assert_quality_messages(outcomes: Outcomes, plan: list[Planned], web: SimWeb) -> None:
+    """Real dimensions (not swapped), bytes downloaded, a JPEG quality only for JPEGs."""
+    by_uuid = {p.uuid: p for p in plan}
+    for message in outcomes.messages["image_metadata_updates"]:
+        if "width" not in message:
+            continue
+        item = by_uuid[message["identifier"]]
+        assert (message["width"], message["height"]) == image_size(item.path), (item.path, message)
+        body = web.sites[item.source.lower()].spec.files[item.path]
+        assert message["filesize"] == len(body), (item.path, message)
+        is_jpeg = item.path.endswith(".jpg")
+        assert (isinstance(message["compression_quality"], int)) == is_jpeg, (item.path, message)
+
+
+def assert_thumbnails(s3_endpoint: str, uuids: list[str]) -> None:
+    client = botocore.session.get_session().create_client("s3", endpoint_url=s3_endpoint, **DEV_CREDENTIALS)
+    keys: set[str] = set()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        keys.update(obj["Key"] for obj in page.get("Contents", []))
+    missing = [u for u in uuids if f"{u}.jpg" not in keys]
+    assert not missing, f"{len(missing)} successes without a thumbnail in S3, e.g. {missing[:3]}"
+    for uuid in random.Random(0).sample(uuids, min(10, len(uuids))):
+        body = client.get_object(Bucket=BUCKET, Key=f"{uuid}.jpg")["Body"].read()
+        with Image.open(io.BytesIO(body)) as thumb:
+            assert thumb.format == "JPEG" and max(thumb.size) <= SETTINGS.target_resolution
+
+
+def politeness_violations(web: SimWeb, workers: int, **kwargs) -> list[str]:
+    return [v for site in web.sites.values()
+            for v in site.violations(spec_rate(site.spec.image_count), DEFAULT_USER_AGENT,
+                                     SETTINGS.crawl_per_host_connections * workers, **kwargs)]
+
+
+def test_2000_urls_over_20_sources_each_get_one_outcome_politely(stack_env, s3_endpoint, tmp_path: Path,
+                                                                  unique: str) -> None:
+    specs, plan = standard_web(N_SOURCES, N_URLS, prefix=f"e2e{unique[:6]}s")
+    web = SimWeb(specs)
+    started = time.monotonic()
+    with crawl(web, plan, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
+        outcomes.wait(CRAWL_TIMEOUT, fail_if_dead(cluster))
+        crawled = time.monotonic() - started
+        codes = cluster.stop()
+    print(f"\n[e2e] {N_URLS} URLs, {N_SOURCES} sources: every outcome in {crawled:.0f} s; "
+          f"totals {dict(outcomes.totals())}, duplicates {outcomes.duplicates()}")
+    assert_outcomes(outcomes, plan)
+    assert_quality_messages(outcomes, plan, web)
+    assert_thumbnails(s3_endpoint, [u for u in outcomes.kinds if outcomes.kind_of(u) == QUALITY])
+    assert politeness_violations(web, WORKERS) == []
+    assert set(codes.values()) == {0}, f"unclean exits on SIGTERM: {codes}"

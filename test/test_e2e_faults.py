@@ -1,0 +1,225 @@
+"""Issue 6: the system under faults, on the real stack with real subprocesses.
+
+A worker SIGKILLed mid-crawl, Redis restarted mid-crawl, the monitor stopped
+and restarted, and a flood of hostile inbound messages. The crawls here use
+well-behaved sites (no random 500s or 429s) so every URL has one right
+outcome, and are sized to last ~20-30 s.
+"""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import string
+import time
+from collections import Counter
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+
+from common.contracts import INBOUND_TOPIC, REJECTED_TOPIC, MAX_REJECTED_RAW_BYTES, parse_crawl_request
+from common.kafka import consumer_config, producer_config
+from demo.crawl import crawl
+from devstack.servers import free_port, redis_server
+from test.simweb import DISALLOW_PRIVATE, Behaviour, SimWeb, standard_web, write_tsv
+from test.test_e2e_crawl import assert_outcomes, fail_if_dead, outcome_report, politeness_violations
+
+WORKERS = 2
+TIMEOUT = 150.0
+STOP_WITHIN = 2.0     # seconds from stopping the monitor to the last request the sites see
+MONITOR_DOWN = 5.0    # seconds the monitor stays stopped
+REDIS_DOWN = 4.0
+
+
+def fault_web(prefix: str, urls_per_source: int = 150) -> tuple[SimWeb, list]:
+    """Four clean sources at 6 req/s: ~25 s of crawling for 600 URLs, limits binding."""
+    behaviours = [Behaviour(rate=6, urls=urls_per_source, latency=0.02 * i,
+                            robots_txt=DISALLOW_PRIVATE if i % 2 else None) for i in range(4)]
+    specs, plan = standard_web(len(behaviours), len(behaviours) * urls_per_source, prefix, behaviours)
+    return SimWeb(specs), plan
+
+
+def requests_between(web: SimWeb, start: float, end: float) -> list:
+    return [r for r in web.all_requests() if start < r.time < end]
+
+
+def test_sigkill_one_of_two_workers_mid_crawl(stack_env, tmp_path: Path, unique: str) -> None:
+    web, plan = fault_web(f"kill{unique[:6]}s")
+    with crawl(web, plan, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
+        assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(plan) // 3), outcome_report(outcomes, plan)
+        victim = next(c for c in cluster.children if c.name == "worker-1")
+        victim.signal(signal.SIGKILL)
+        victim.wait(10)
+        survivors = [c for c in cluster.children if c is not victim]
+        outcomes.wait(TIMEOUT, lambda _: None)
+        assert all(c.alive() for c in survivors), "a survivor died"
+    print(f"\n[kill] duplicates after the SIGKILL: {outcomes.duplicates()}")
+    assert_outcomes(outcomes, plan)
+    assert politeness_violations(web, WORKERS) == []
+
+
+def test_redis_restart_mid_crawl_workers_wait_and_recover(stack_env, tmp_path: Path, unique: str) -> None:
+    """The crawl's own Redis on a fixed port, stopped and started again (empty: no persistence)."""
+    server, redis_url = redis_server(tmp_path / "redis", port=free_port())
+    server.start()
+    try:
+        server.wait_ready()
+        web, plan = fault_web(f"redis{unique[:6]}s")
+        with crawl(web, plan, {**stack_env, "REDIS_URL": redis_url}, tmp_path, WORKERS) as (cluster, outcomes):
+            assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(plan) // 3), \
+                outcome_report(outcomes, plan)
+            server.stop()
+            stopped = time.time()
+            time.sleep(REDIS_DOWN)
+            restarted = time.time()
+            server.start()
+            server.wait_ready()
+            outcomes.wait(TIMEOUT, fail_if_dead(cluster))
+    finally:
+        server.stop()
+    during = requests_between(web, stopped + STOP_WITHIN, restarted)
+    assert not during, f"{len(during)} requests while Redis was down (no tokens), e.g. {during[:3]}"
+    assert_outcomes(outcomes, plan)  # images still end as quality: waiting, not failing
+    # Redis forgot the robots.txt cache, so each site may be asked once more.
+    assert politeness_violations(web, WORKERS, robots_fetches=2) == []
+
+
+def test_monitor_stopped_requests_stop_then_resume(stack_env, tmp_path: Path, unique: str) -> None:
+    """Once with SIGTERM (buckets emptied on the way out), once with SIGKILL (buckets expire)."""
+    web, plan = fault_web(f"mon{unique[:6]}s")
+    pauses = []
+    with crawl(web, plan, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
+        for fraction, signum in ((0.25, signal.SIGTERM), (0.55, signal.SIGKILL)):
+            assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=int(len(plan) * fraction)), \
+                outcome_report(outcomes, plan)
+            monitor = next(c for c in cluster.children if c.name == "monitor" and c.alive())
+            stopped = time.time()
+            monitor.signal(signum)
+            assert monitor.wait(15) is not None
+            time.sleep(MONITOR_DOWN)
+            restarted = time.time()
+            cluster.start_monitor()
+            pauses.append((signal.Signals(signum).name, stopped, restarted))
+        assert outcomes.wait(TIMEOUT, lambda _: None), outcome_report(outcomes, plan)
+    for name, stopped, restarted in pauses:
+        late = requests_between(web, stopped + STOP_WITHIN, restarted)
+        assert not late, f"{name}: {len(late)} requests over {STOP_WITHIN} s after the monitor stopped"
+        assert requests_between(web, restarted, restarted + 30), f"{name}: no requests after the restart"
+    assert_outcomes(outcomes, plan)
+    assert politeness_violations(web, WORKERS) == []
+
+
+# --- Hostile input ---------------------------------------------------------------------
+HOSTILE_COUNT = 1000
+
+
+def hostile_messages(count: int, seed: int = 6) -> list[bytes | None]:
+    """Random bytes, huge strings, wrong types, deep nesting, bad URLs, unicode oddities:
+    every one of them a message the contract says to reject."""
+    rng = random.Random(seed)
+    ok = {"url": "http://127.0.0.1:9/img/1.jpg", "uuid": "hostile", "source": "hostile"}
+
+    def with_(**fields) -> bytes:
+        return json.dumps({**ok, **fields}).encode()
+
+    def without(name: str) -> bytes:
+        return json.dumps({k: v for k, v in ok.items() if k != name}).encode()
+
+    odd_values = [None, 0, -1, 1.5, True, [], {}, [ok["url"]], {"url": ok["url"]}, "", " \t\n"]
+    bad_urls = ["javascript:alert(1)", "ftp://127.0.0.1/a.jpg", "file:///etc/passwd", "http://", "http:///x",
+                "//127.0.0.1/a.jpg", "127.0.0.1/a.jpg", "http://[::1/a.jpg", "http://127.0.0.1:99999/a.jpg",
+                "http://127.0.0.1/a b.jpg", "http://127.0.0.1/\x00.jpg", "http://127.0.0.1/\t.jpg",
+                "data:image/png;base64,iVBORw0KGgo=", "http://127.0.0.1/" + "a" * 5000, "\ud800",
+                "https://127.0.0.1:-1/", "http://127.0.0.1/\x7f", "gopher://127.0.0.1:70/"]
+    bad_sources = ["", "has space", "../../etc", "a" * 300, "\U0001f984", "fl\u200bickr", "tab\tsource",
+                   "semi;colon", "slash/source", "null\x00byte", "\u202eevil", "é"]
+    structured: list[bytes | None] = [
+        None, b"", b"null", b"true", b"0", b"[]", b"{}", b'"string"', b"NaN",
+        b"[" * 100_000 + b"]" * 100_000,                      # deeper than any parser's stack
+        b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+        json.dumps([ok]).encode(),                            # a valid message, wrapped in a list
+        b'"' + b"A" * 500_000 + b'"',                         # huge string
+        with_(url="http://127.0.0.1/" + "x" * 400_000),       # huge URL
+        with_(extra="y" * 300_000, url="nope"),
+        b'{"url": NaN, "uuid": Infinity, "source": -Infinity}',
+        b'{"url": "http://127.0.0.1/a.jpg", "url": 5, "uuid": "u", "source": "s"}',  # last key wins
+        b"\xff\xfe{\x00}\x00", b"\xc0\xaf", b"\xed\xa0\x80", b"{\"url\": \"\xff\"}",
+        b"\xef\xbb\xbf" + with_(source="has space"),          # BOM before an invalid message
+        json.dumps({"url": {"url": {"url": ok}}, "uuid": ok, "source": [ok]}).encode(),
+        with_(attempts=-1), with_(attempts="1"), with_(attempts=1.5), with_(attempts=True),
+        without("url"), without("uuid"), without("source"),
+    ]
+    structured += [with_(url=u) for u in bad_urls] + [with_(source=s) for s in bad_sources]
+    structured += [with_(**{name: v}) for name in ("url", "uuid", "source") for v in odd_values
+                   if not (name == "source" and isinstance(v, str) and v.strip())]
+    messages: list[bytes | None] = list(structured)
+    while len(messages) < count:
+        roll = rng.random()
+        if roll < 0.45:
+            messages.append(rng.randbytes(rng.randint(1, 3000)))
+        elif roll < 0.7:
+            messages.append(rng.choice(structured))
+        elif roll < 0.85:
+            text = "".join(rng.choice(string.printable + "\u202e\u200b\ufeff\U0001f4a9") for _ in range(rng.randint(1, 200)))
+            messages.append(with_(**{rng.choice(["url", "source"]): text}) if rng.random() < 0.5
+                            else text.encode("utf-8", "surrogatepass"))
+        else:
+            messages.append(with_(uuid=rng.choice(odd_values)))
+    return messages[:count]
+
+
+def _invalid(raw: bytes | None) -> bool:
+    try:
+        parse_crawl_request(raw)
+    except Exception:  # noqa: BLE001 - any failure to parse counts; that it is an InvalidMessage is the splitter's job
+        return True
+    return False
+
+
+def as_rejected_raw(raw: bytes | None) -> str:
+    return (raw or b"")[:MAX_REJECTED_RAW_BYTES].decode("utf-8", errors="replace")
+
+
+def test_hostile_messages_are_rejected_and_nothing_dies(stack_env, kafka_hosts: str, tmp_path: Path,
+                                                        unique: str) -> None:
+    messages = hostile_messages(HOSTILE_COUNT)
+    assert all(_invalid(m) for m in messages), "the generator made a valid message"
+    web, plan = fault_web(f"host{unique[:6]}s", urls_per_source=20)
+    first, second = plan[: len(plan) // 2], plan[len(plan) // 2:]
+    started_ms = int(time.time() * 1000)
+    with crawl(web, first, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
+        producer = Producer(producer_config(kafka_hosts, **{"message.max.bytes": 2_000_000}))
+        for raw in messages:
+            producer.produce(INBOUND_TOPIC, value=raw)
+        assert producer.flush(60) == 0
+        # Valid URLs after the flood still get their outcomes.
+        outcomes.wanted |= {p.uuid for p in second}
+        cluster.schedule(write_tsv(web, second, tmp_path / "after.tsv"))
+        rejected = collect_rejected(kafka_hosts, Counter(as_rejected_raw(m) for m in messages), started_ms)
+        assert outcomes.wait(TIMEOUT, fail_if_dead(cluster)), outcome_report(outcomes, plan)
+        assert not cluster.died(), [c.name for c in cluster.died()]
+    missing = Counter(as_rejected_raw(m) for m in messages) - rejected
+    assert not missing, f"{sum(missing.values())} hostile messages not in {REJECTED_TOPIC}, e.g. " \
+                        f"{[k[:80] for k in list(missing)[:5]]}"
+    assert_outcomes(outcomes, plan)
+
+
+def collect_rejected(kafka_hosts: str, wanted: Counter, since_ms: int, timeout: float = 90.0) -> Counter:
+    """``raw`` of every rejected_messages record for inbound_images since ``since_ms``."""
+    consumer = Consumer(consumer_config(kafka_hosts, f"rejected-{random.getrandbits(64):x}"))
+    consumer.subscribe([REJECTED_TOPIC])
+    got: Counter = Counter()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and wanted - got:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() or msg.timestamp()[1] < since_ms:
+                    continue
+                record = json.loads(msg.value())
+                assert set(record) >= {"topic", "raw", "error", "time"}, record
+                assert isinstance(record["error"], str) and record["error"], record
+                if record["topic"] == INBOUND_TOPIC:
+                    got[record["raw"]] += 1
+    finally:
+        consumer.close()
+    return got
