@@ -21,6 +21,11 @@ stack: install
 	$(VENV_PY) -m devstack
 
 test: install
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  echo "installing chromium and chromium-driver (apt-get) for the dashboard's browser test"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	  || { echo "error: apt-get could not install chromium and chromium-driver (needs root on Debian/Ubuntu); install them and rerun make test" >&2; exit 1; }; \
+	fi
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

@@ -26,8 +26,8 @@ locals {
       MAX_TASKS          = tostring(var.max_tasks)
       MONITOR_PORT       = tostring(var.monitor_port)
     },
-    var.sources_url == null ? {} : { SOURCES_URL = var.sources_url },
-    var.crawl_user_agent == null ? {} : { CRAWL_USER_AGENT = var.crawl_user_agent },
+    # Unset optional inputs keep the crawler's own defaults.
+    { for k, v in { SOURCES_URL = var.sources_url, CRAWL_USER_AGENT = var.crawl_user_agent } : k => v if v != null },
     var.extra_environment,
   )
   environment = { for k, v in local.plain_environment : k => v if !contains(keys(var.ssm_environment), k) }
