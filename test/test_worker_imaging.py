@@ -1,0 +1,160 @@
+"""Image analysis on hostile and ordinary files, all generated here with Pillow."""
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+
+import pytest
+from PIL import Image, TiffImagePlugin
+
+from test.worker_fakes import image_bytes
+from worker.imaging import BOMB, UNIDENTIFIED, analyze
+from worker.jpeg_quality import estimate_quality
+from worker.pool import ImagePool
+
+TARGET = 64
+
+
+def thumb(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "JPEG" and image.mode == "RGB"
+    return image
+
+
+@pytest.mark.parametrize("quality", [10, 30, 50, 75, 90, 95, 100])
+def test_jpeg_quality_is_estimated_within_two(quality: int) -> None:
+    data = image_bytes("JPEG", (32, 32), quality=quality)
+    assert abs(analyze(data, TARGET).compression_quality - quality) <= 2
+
+
+def test_jpeg_quality_of_grayscale_and_non_jpeg() -> None:
+    assert analyze(image_bytes("JPEG", mode="L", color=90, quality=80), TARGET).compression_quality == 80
+    assert analyze(image_bytes("PNG"), TARGET).compression_quality is None
+    assert estimate_quality({}) is None
+
+
+def test_dimensions_are_real_width_and_height_and_thumbnail_fits() -> None:
+    result = analyze(image_bytes("JPEG", (300, 120)), TARGET)
+    assert (result.width, result.height) == (300, 120)
+    assert thumb(result.thumbnail).size == (64, 26)
+    small = analyze(image_bytes("PNG", (20, 10)), TARGET)
+    assert thumb(small.thumbnail).size == (20, 10)  # never enlarged
+
+
+def test_large_jpeg_uses_draft_mode_and_keeps_true_size() -> None:
+    result = analyze(image_bytes("JPEG", (4000, 3000)), 640)
+    assert (result.width, result.height) == (4000, 3000)
+    assert max(thumb(result.thumbnail).size) == 640
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"<html><body>Not found</body></html>",
+    b"\xff\xd8\xff\xe0" + b"\x00" * 100,                  # a JPEG header and nothing else
+    image_bytes("PNG", (200, 200))[:300],                  # truncated
+    image_bytes("JPEG", (200, 200))[:200],
+    bytes(range(256)) * 20,                                # noise
+], ids=["zero-bytes", "html", "corrupt-jpeg", "truncated-png", "truncated-jpeg", "noise"])
+def test_undecodable_files_are_unidentified_image_errors(data: bytes) -> None:
+    result = analyze(data, TARGET)
+    assert result.error == UNIDENTIFIED and result.thumbnail == b""
+
+
+def png_bomb(width: int = 30_000, height: int = 30_000) -> bytes:
+    """A valid 1-bit PNG of width x height zeros: ~110 KB on disk, 900 megapixels decoded."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    row = b"\x00" * (1 + (width + 7) // 8)
+    compressor = zlib.compressobj(9)
+    idat = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def test_decompression_bomb_is_refused_without_decoding() -> None:
+    bomb = png_bomb()
+    assert len(bomb) < 200_000
+    assert analyze(bomb, TARGET).error == BOMB
+
+
+def test_cmyk_jpeg_becomes_rgb_thumbnail() -> None:
+    result = analyze(image_bytes("JPEG", (100, 80), mode="CMYK", color=(0, 255, 255, 0)), TARGET)
+    assert result.error is None and (result.width, result.height) == (100, 80)
+    r, g, b = thumb(result.thumbnail).getpixel((10, 10))
+    assert r > 200 and g < 60 and b < 60
+
+
+def test_png_alpha_is_composited_on_white() -> None:
+    result = analyze(image_bytes("PNG", (50, 50), mode="RGBA", color=(0, 0, 0, 0)), TARGET)
+    assert all(channel > 245 for channel in thumb(result.thumbnail).getpixel((25, 25)))
+
+
+def test_animated_gif_thumbnail_is_its_first_frame() -> None:
+    frames = [Image.new("RGB", (40, 30), color) for color in [(255, 0, 0), (0, 0, 255)]]
+    out = io.BytesIO()
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    result = analyze(out.getvalue(), TARGET)
+    assert (result.width, result.height) == (40, 30)
+    r, g, b = thumb(result.thumbnail).getpixel((20, 15))
+    assert r > 200 and b < 60
+
+
+def test_webp_and_palette_transparency() -> None:
+    assert analyze(image_bytes("WEBP", (30, 20), quality=80), TARGET).error is None
+    palette = Image.new("P", (10, 10), 0)
+    out = io.BytesIO()
+    palette.save(out, "PNG", transparency=0)
+    result = analyze(out.getvalue(), TARGET)
+    assert all(channel > 245 for channel in thumb(result.thumbnail).getpixel((5, 5)))
+
+
+def test_sixteen_bit_grayscale_is_scaled_not_clipped() -> None:
+    result = analyze(image_bytes("PNG", (20, 20), mode="I;16", color=40_000), TARGET)
+    assert 140 < thumb(result.thumbnail).getpixel((5, 5))[0] < 170
+
+
+def exif_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[0x13B] = "Alden Page"
+    exif[0x10F] = "Canon\x00\x00"                                      # NUL padding
+    exif[0x11A] = TiffImagePlugin.IFDRational(72, 1)
+    exif[0x8769] = {
+        0x9209: 0,                                                      # Flash
+        0x829A: TiffImagePlugin.IFDRational(1, 0),                      # zero denominator: NaN
+        0x927C: b"\xff\xfe\x00\x81binary",                              # maker note: not UTF-8
+        0x9286: b"ASCII\x00\x00\x00hello",                              # user comment
+        0x829D: TiffImagePlugin.IFDRational(28, 10),                    # FNumber
+    }
+    exif[0x8825] = {1: "N", 2: (TiffImagePlugin.IFDRational(40, 1), TiffImagePlugin.IFDRational(30, 1),
+                                TiffImagePlugin.IFDRational(15, 2))}
+    return image_bytes("JPEG", (16, 16), exif=exif)
+
+
+def test_exif_is_json_safe_with_hex_keys() -> None:
+    exif = analyze(exif_jpeg(), TARGET).exif
+    json.dumps(exif, allow_nan=False)
+    assert exif["0x13b"] == "Alden Page"
+    assert exif["0x10f"] == "Canon"
+    assert exif["0x11a"] == 72.0
+    assert exif["0x9209"] == 0
+    assert exif["0x829d"] == pytest.approx(2.8)
+    assert exif["0x9286"] == "hello"
+    assert "0x829a" not in exif and "0x927c" not in exif
+    assert "0x8769" not in exif  # the pointer itself is an offset, not data
+    assert exif["0x8825"] == {"0x1": "N", "0x2": [40.0, 30.0, 7.5]}
+
+
+def test_image_without_exif_has_none() -> None:
+    assert analyze(image_bytes("PNG"), TARGET).exif is None
+
+
+async def test_process_pool_analyzes_off_the_event_loop() -> None:
+    pool = ImagePool(processes=1)
+    try:
+        result = await pool.analyze(image_bytes("JPEG", (100, 50), quality=90), TARGET)
+        assert (result.width, result.height, result.compression_quality) == (100, 50, 90)
+        assert (await pool.analyze(b"nope", TARGET)).error == UNIDENTIFIED
+    finally:
+        pool.close()

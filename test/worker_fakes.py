@@ -1,0 +1,196 @@
+"""In-process stand-ins for the worker's Redis, Kafka, S3 and politeness gate."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from contextlib import asynccontextmanager
+from typing import Any
+
+from PIL import Image
+
+from worker.feed import Batch, Record
+from worker.politeness import Refused
+
+
+class FakeRedis:
+    """The handful of commands the worker uses, on dicts; values are str like decode_responses."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, Any] = {}
+        self.calls: list[tuple] = []
+
+    async def decr(self, key: str) -> int:
+        self.calls.append(("decr", key))
+        return self._incrby(key, -1)
+
+    async def incr(self, key: str) -> int:
+        return self._incrby(key, 1)
+
+    async def set(self, key: str, value: Any) -> None:
+        self.store[key] = str(value)
+
+    async def get(self, key: str) -> str | None:
+        return self.store.get(key)
+
+    async def mget(self, keys: list[str]) -> list[str | None]:
+        return [self.store.get(k) if isinstance(self.store.get(k), str) else None for k in keys]
+
+    async def smembers(self, key: str) -> set[str]:
+        return set(self.store.get(key, set()))
+
+    async def sadd(self, key: str, *members: str) -> None:
+        self.store.setdefault(key, set()).update(members)
+
+    async def srem(self, key: str, *members: str) -> None:
+        self.store.setdefault(key, set()).difference_update(members)
+
+    def pipeline(self, transaction: bool = True) -> "FakePipeline":
+        return FakePipeline(self)
+
+    def _incrby(self, key: str, amount: int) -> int:
+        value = int(self.store.get(key, 0)) + amount
+        self.store[key] = str(value)
+        return value
+
+    def integer(self, key: str) -> int:
+        return int(self.store.get(key, 0))
+
+
+class FakePipeline:
+    def __init__(self, redis: FakeRedis):
+        self._redis = redis
+        self._ops: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str):
+        def queue(*args):
+            self._ops.append((name, args))
+            return self
+        return queue
+
+    async def execute(self) -> list[Any]:
+        results = []
+        store = self._redis.store
+        for name, args in self._ops:
+            if name == "zadd":
+                key, mapping = args
+                store.setdefault(key, {}).update(mapping)
+                results.append(len(mapping))
+            elif name == "zremrangebyscore":
+                key, _low, high = args
+                zset = store.setdefault(key, {})
+                for member in [m for m, score in zset.items() if score <= high]:
+                    del zset[member]
+                results.append(0)
+            elif name == "rpush":
+                store.setdefault(args[0], []).append(args[1])
+                results.append(len(store[args[0]]))
+            elif name == "ltrim":
+                key, start, _end = args
+                store[key] = store[key][start:]
+                results.append(True)
+            elif name == "incr":
+                results.append(self._redis._incrby(args[0], 1))
+            elif name == "smembers":
+                results.append(set(store.get(args[0], set())))
+            else:
+                raise NotImplementedError(name)
+        return results
+
+
+class FakeProducer:
+    """Records sends; the first ``fail_first`` sends raise, as a broker outage would."""
+
+    def __init__(self, fail_first: int = 0):
+        self.sent: list[tuple[str, dict]] = []
+        self._failures_left = fail_first
+
+    async def send(self, topic: str, value: bytes, key: Any = None) -> None:
+        if self._failures_left > 0:
+            self._failures_left -= 1
+            raise RuntimeError("broker unavailable")
+        self.sent.append((topic, json.loads(value)))
+
+    def on(self, topic: str) -> list[dict]:
+        return [value for t, value in self.sent if t == topic]
+
+
+class FakeThumbnails:
+    def __init__(self) -> None:
+        self.stored: dict[str, bytes] = {}
+
+    async def put(self, uuid: str, jpeg: bytes) -> None:
+        self.stored[uuid] = jpeg
+
+
+class AllowAllGate:
+    """A RequestGate that allows everything except URLs listed in ``refuse`` (url -> reason)."""
+
+    def __init__(self, refuse: dict[str, str] | None = None):
+        self.refuse = refuse or {}
+        self.calls: list[tuple[str, str]] = []
+
+    async def before_request(self, url: str, source: str) -> None:
+        self.calls.append(("before_request", url))
+        if url in self.refuse:
+            raise Refused(self.refuse[url])
+
+    @asynccontextmanager
+    async def host_slot(self, url: str):
+        self.calls.append(("host_slot", url))
+        yield
+
+    async def after_response(self, url: str, source: str, status: int, headers) -> None:
+        self.calls.append(("after_response", url))
+
+
+class FakeFeed:
+    """A consumer on a fixed set of records: assigns their partitions on the first poll."""
+
+    def __init__(self, records: list[Record], batch_size: int = 1000):
+        self.records = list(records)
+        self.batch_size = batch_size
+        self.assigned_once = False
+        self.paused: set[tuple[str, int]] = set()
+        self.commits: list[dict[tuple[str, int], int]] = []
+        self.subscriptions: list[list[str]] = []
+
+    async def subscribe(self, topics: list[str]) -> None:
+        self.subscriptions.append(topics)
+
+    async def poll(self, max_records: int, timeout: float) -> Batch:
+        await asyncio.sleep(0.005)
+        batch = Batch()
+        if not self.assigned_once and self.subscriptions:
+            batch.assigned = sorted({(r.topic, r.partition) for r in self.records})
+            self.assigned_once = True
+        if not self.subscriptions:
+            return batch
+        take = [r for r in self.records if (r.topic, r.partition) not in self.paused][:self.batch_size]
+        for record in take:
+            self.records.remove(record)
+        batch.records = take
+        return batch
+
+    async def pause(self, parts) -> None:
+        self.paused.update(parts)
+
+    async def resume(self, parts) -> None:
+        self.paused.difference_update(parts)
+
+    async def commit(self, positions) -> bool:
+        self.commits.append(dict(positions))
+        return True
+
+    def committed(self) -> dict[tuple[str, int], int]:
+        merged: dict[tuple[str, int], int] = {}
+        for positions in self.commits:
+            merged.update(positions)
+        return merged
+
+
+def image_bytes(fmt: str = "JPEG", size=(64, 48), mode: str = "RGB", color: Any = (200, 30, 30),
+                **save: Any) -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, size, color).save(out, fmt, **save)
+    return out.getvalue()

@@ -1,0 +1,55 @@
+"""The worker's tuning knobs, in one place so their trade-offs can be read together.
+
+Settings an operator changes per deployment live in ``common.settings``;
+these are the engineering defaults behind them.
+"""
+from __future__ import annotations
+
+# --- HTTP (worker/fetch.py) -------------------------------------------------
+CONNECT_TIMEOUT = 10.0        # seconds to open a connection
+READ_TIMEOUT = 30.0           # seconds of silence on an open connection
+TOTAL_TIMEOUT = 90.0          # seconds for one hop, headers and body
+MAX_REDIRECTS = 5
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+# --- Outcomes (worker/task.py) ----------------------------------------------
+LINK_ROT_STATUSES = frozenset({404, 410})
+# Transient failures worth another attempt through inbound_images.
+RETRYABLE_NAMES = frozenset({"Timeout", "ServerDisconnected", "ConnectionError"})
+# Backoff for our own infrastructure (Kafka, Redis, S3): their failures are
+# never a URL's outcome, so the task waits them out instead.
+INFRA_RETRY_FIRST_DELAY = 0.5
+INFRA_RETRY_MAX_DELAY = 30.0
+S3_MAX_CONNECTIONS = 32
+# Refusals raised before anything is sent: kept out of the breakers' windows.
+NOT_SENT_STATUSES = frozenset({"ForbiddenAddress"})
+
+# --- Images (worker/imaging.py) ----------------------------------------------
+# Pillow raises DecompressionBombError above this many pixels (its own
+# default warning threshold, ~89 MP, made an error): a 100 MP RGB image is
+# 300 MB in memory per pool process.
+MAX_IMAGE_PIXELS = 89_478_485
+THUMBNAIL_JPEG_QUALITY = 85
+MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a message at ~1 MB
+
+# --- Token buckets (worker/tokens.py) -----------------------------------------
+# An empty bucket is polled by one task per source; the interval follows the
+# source's rate (a token every 1/rate s) within these bounds.
+TOKEN_POLL_MIN = 0.05
+TOKEN_POLL_MAX = 0.25
+
+# --- Scheduling (worker/scheduler.py) -----------------------------------------
+POLL_BATCH = 500              # messages per consumer poll
+POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages
+REFRESH_INTERVAL = 2.0        # seconds between reads of sources, halts and rates
+COMMIT_INTERVAL = 1.0         # seconds between offset commits
+MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
+CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
+DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed
+LATENCY_SMOOTHING = 0.2       # weight of a new sample in the latency average
+CONSUMER_EXTRA_CONFIG = {
+    # New sources add topics to the subscription; cooperative rebalancing
+    # assigns their partitions without revoking (and re-delivering) the rest.
+    "partition.assignment.strategy": "cooperative-sticky",
+    "queued.max.messages.kbytes": 8192,
+}

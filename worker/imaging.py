@@ -1,0 +1,84 @@
+"""Decode, measure and thumbnail one downloaded image: the CPU-heavy part of a task.
+
+``analyze`` is a pure function from bytes to an ``Analysis`` so that it can
+run in a process pool (worker/pool.py) and be tested without any server.
+It never raises for bad input: an undecodable file or a decompression bomb
+is an ``Analysis`` with ``error`` set, because an exception crossing the
+process boundary would have to be pickled and classified again.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from worker.constants import MAX_IMAGE_PIXELS, THUMBNAIL_JPEG_QUALITY
+from worker.exif_json import exif_to_json
+from worker.jpeg_quality import estimate_quality
+
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+
+UNIDENTIFIED = "UnidentifiedImageError"
+BOMB = "DecompressionBomb"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    width: int = 0
+    height: int = 0
+    compression_quality: int | None = None
+    exif: dict[str, Any] | None = None
+    thumbnail: bytes = b""
+    error: str | None = None  # UNIDENTIFIED or BOMB; the rest is empty then
+
+
+def analyze(data: bytes, target_resolution: int) -> Analysis:
+    """Measure ``data`` and make a JPEG thumbnail at most ``target_resolution`` on its longer side."""
+    try:
+        with warnings.catch_warnings():
+            # Pillow only warns between 1x and 2x its pixel limit: make that a bomb too.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return _analyze(data, target_resolution)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        return Analysis(error=BOMB)
+    except MemoryError:
+        return Analysis(error=BOMB)
+    except Exception:  # Pillow raises OSError, ValueError, SyntaxError, EOFError... on bad files
+        return Analysis(error=UNIDENTIFIED)
+
+
+def _analyze(data: bytes, target_resolution: int) -> Analysis:
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size  # before thumbnail()'s draft mode shrinks it
+        quality = None
+        if image.format in ("JPEG", "MPO"):
+            quality = estimate_quality(getattr(image, "quantization", None) or {})
+        exif = exif_to_json(image.getexif()) or None
+        image.thumbnail((target_resolution, target_resolution))  # first frame; JPEG draft mode
+        thumbnail = _encode_jpeg(_to_rgb(image))
+    return Analysis(width=width, height=height, compression_quality=quality,
+                    exif=exif, thumbnail=thumbnail)
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB for JPEG; transparency composited on white, as a browser shows it on a white page."""
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        image = image.point(lambda value: value / 256) if image.mode.startswith("I;16") else image
+        image = image.convert("L")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _encode_jpeg(image: Image.Image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=THUMBNAIL_JPEG_QUALITY)
+    return out.getvalue()
