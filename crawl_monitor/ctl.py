@@ -81,7 +81,7 @@ def format_status(sources: dict[str, SourceState]) -> str:
     lines = [f"{'SOURCE':<24} {'STATE':<7} {'LIMIT':>8} {'OVERRIDE':>8} {'TOKENS':>7} "
              f"{'REQUESTS':>10} {'SUCCESSES':>10}  ERRORS"]
     for name, s in sources.items():
-        state = "halted" if s.halted else "paused" if s.temp_halted else "ok"
+        state = HALTED if s.halted else "paused" if s.temp_halted else "ok"  # named after its set
         errors = ", ".join(f"{status}: {n}" for status, n in sorted(s.errors.items(), key=lambda e: -e[1]))
         lines.append(f"{name:<24} {state:<7} {_fmt(s.rate_limit):>8} {_fmt(s.override):>8} "
                      f"{_fmt(s.tokens):>7} {s.requests:>10} {s.successes:>10}  "
