@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import io
 import json
-import struct
-import zlib
 
 import pytest
-from PIL import Image, TiffImagePlugin
+from PIL import Image
 
-from test.worker_fakes import image_bytes
+from test.worker_fakes import exif_jpeg, image_bytes, png_bomb
 from worker.imaging import BOMB, UNIDENTIFIED, analyze
 from worker.jpeg_quality import estimate_quality
 from worker.pool import ImagePool
@@ -62,17 +60,6 @@ def test_undecodable_files_are_unidentified_image_errors(data: bytes) -> None:
     assert result.error == UNIDENTIFIED and result.thumbnail == b""
 
 
-def png_bomb(width: int = 30_000, height: int = 30_000) -> bytes:
-    """A valid 1-bit PNG of width x height zeros: ~110 KB on disk, 900 megapixels decoded."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-    row = b"\x00" * (1 + (width + 7) // 8)
-    compressor = zlib.compressobj(9)
-    idat = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
 def test_decompression_bomb_is_refused_without_decoding() -> None:
     bomb = png_bomb()
     assert len(bomb) < 200_000
@@ -113,23 +100,6 @@ def test_webp_and_palette_transparency() -> None:
 def test_sixteen_bit_grayscale_is_scaled_not_clipped() -> None:
     result = analyze(image_bytes("PNG", (20, 20), mode="I;16", color=40_000), TARGET)
     assert 140 < thumb(result.thumbnail).getpixel((5, 5))[0] < 170
-
-
-def exif_jpeg() -> bytes:
-    exif = Image.Exif()
-    exif[0x13B] = "Alden Page"
-    exif[0x10F] = "Canon\x00\x00"                                      # NUL padding
-    exif[0x11A] = TiffImagePlugin.IFDRational(72, 1)
-    exif[0x8769] = {
-        0x9209: 0,                                                      # Flash
-        0x829A: TiffImagePlugin.IFDRational(1, 0),                      # zero denominator: NaN
-        0x927C: b"\xff\xfe\x00\x81binary",                              # maker note: not UTF-8
-        0x9286: b"ASCII\x00\x00\x00hello",                              # user comment
-        0x829D: TiffImagePlugin.IFDRational(28, 10),                    # FNumber
-    }
-    exif[0x8825] = {1: "N", 2: (TiffImagePlugin.IFDRational(40, 1), TiffImagePlugin.IFDRational(30, 1),
-                                TiffImagePlugin.IFDRational(15, 2))}
-    return image_bytes("JPEG", (16, 16), exif=exif)
 
 
 def test_exif_is_json_safe_with_hex_keys() -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import struct
+import zlib
 from contextlib import asynccontextmanager
 from typing import Any
 
-from PIL import Image
+from PIL import Image, TiffImagePlugin
 
 from worker.feed import Batch, Record
 from worker.politeness import Refused
@@ -194,3 +196,31 @@ def image_bytes(fmt: str = "JPEG", size=(64, 48), mode: str = "RGB", color: Any 
     out = io.BytesIO()
     Image.new(mode, size, color).save(out, fmt, **save)
     return out.getvalue()
+
+
+def png_bomb(width: int = 30_000, height: int = 30_000) -> bytes:
+    """A valid 1-bit PNG of width x height zeros: ~110 KB on disk, 900 megapixels decoded."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    row = b"\x00" * (1 + (width + 7) // 8)
+    compressor = zlib.compressobj(9)
+    idat = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def exif_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[0x13B] = "Alden Page"
+    exif[0x10F] = "Canon\x00\x00"                                      # NUL padding
+    exif[0x11A] = TiffImagePlugin.IFDRational(72, 1)
+    exif[0x8769] = {
+        0x9209: 0,                                                      # Flash
+        0x829A: TiffImagePlugin.IFDRational(1, 0),                      # zero denominator: NaN
+        0x927C: b"\xff\xfe\x00\x81binary",                              # maker note: not UTF-8
+        0x9286: b"ASCII\x00\x00\x00hello",                              # user comment
+        0x829D: TiffImagePlugin.IFDRational(28, 10),                    # FNumber
+    }
+    exif[0x8825] = {1: "N", 2: (TiffImagePlugin.IFDRational(40, 1), TiffImagePlugin.IFDRational(30, 1),
+                                TiffImagePlugin.IFDRational(15, 2))}
+    return image_bytes("JPEG", (16, 16), exif=exif)

@@ -1,0 +1,191 @@
+"""The rate-limited fetcher against a local aiohttp site: tokens, gate, redirects, caps."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from common.contracts import source_requests_key, tokens_key
+from test.worker_fakes import AllowAllGate, FakeRedis
+from worker import fetch as fetch_module
+from worker.fetch import FetchError, Fetcher
+from worker.tokens import ShuttingDown, TokenBuckets
+
+SOURCE = "example"
+BODY = b"\x89PNG" + b"x" * 1000
+USER_AGENT = "cc-image-crawler/1.0 (+https://example.org/bot)"
+USER_AGENTS = web.AppKey("user_agents", list)
+
+
+def respond(**kwargs):
+    async def handler(_request: web.Request) -> web.Response:
+        return web.Response(**kwargs)
+    return handler
+
+
+def site() -> web.Application:
+    app = web.Application()
+    seen = app[USER_AGENTS] = []
+
+    async def image(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("User-Agent"))
+        return web.Response(body=BODY, content_type="image/png")
+
+    async def hop(request: web.Request) -> web.Response:
+        n = int(request.match_info["n"])
+        raise web.HTTPFound("/image" if n == 0 else f"/hop/{n - 1}")
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()  # chunked: no Content-Length to refuse early
+        await response.prepare(request)
+        for _ in range(100):
+            await response.write(b"x" * 10_000)
+        return response
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response(body=BODY)
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Length": "10000"})
+        await response.prepare(request)
+        await response.write(b"x" * 100)
+        request.transport.close()
+        return response
+
+    app.router.add_get("/image", image)
+    app.router.add_get("/hop/{n}", hop)
+    app.router.add_get("/huge", huge)
+    app.router.add_get("/declared-huge", respond(body=b"x" * 20_000))
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/cut", cut)
+    app.router.add_get("/evil-redirect", respond(status=302, headers={"Location": "ftp://x/y"}))
+    app.router.add_get("/missing", respond(status=404, text="gone"))
+    return app
+
+
+@pytest.fixture
+async def server():
+    server = TestServer(site(), host="127.0.0.1")
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession(headers={"User-Agent": USER_AGENT}) as session:
+        yield session
+
+
+def make_fetcher(session, redis, gate=None, max_bytes: int = 50_000) -> Fetcher:
+    return Fetcher(session, gate or AllowAllGate(), TokenBuckets(redis), redis, max_bytes)
+
+
+async def test_image_is_downloaded_with_a_token_and_our_user_agent(server, session) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    fetched = await make_fetcher(session, redis).fetch(str(server.make_url("/image")), SOURCE)
+    assert (fetched.status, fetched.body) == (200, BODY)
+    assert server.app[USER_AGENTS] == [USER_AGENT]
+    assert redis.integer(tokens_key(SOURCE)) == 9
+    assert redis.integer(source_requests_key(SOURCE)) == 1
+
+
+async def test_each_redirect_hop_asks_the_gate_and_takes_a_token(server, session) -> None:
+    redis, gate = FakeRedis(), AllowAllGate()
+    await redis.set(tokens_key(SOURCE), 10)
+    fetched = await make_fetcher(session, redis, gate).fetch(str(server.make_url("/hop/2")), SOURCE)
+    assert fetched.status == 200 and fetched.url.endswith("/image")
+    assert redis.integer(tokens_key(SOURCE)) == 6 and redis.integer(source_requests_key(SOURCE)) == 4
+    kinds = [kind for kind, _url in gate.calls]
+    assert kinds == ["before_request", "host_slot", "after_response"] * 4
+
+
+async def test_more_than_five_redirects_is_an_error(server, session) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 100)
+    assert (await make_fetcher(session, redis).fetch(str(server.make_url("/hop/4")), SOURCE)).status == 200
+    with pytest.raises(FetchError) as info:
+        await make_fetcher(session, redis).fetch(str(server.make_url("/hop/5")), SOURCE)
+    assert (info.value.status, info.value.http_status) == ("TooManyRedirects", 302)
+
+
+async def test_redirect_to_another_scheme_is_refused(server, session) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    with pytest.raises(FetchError) as info:
+        await make_fetcher(session, redis).fetch(str(server.make_url("/evil-redirect")), SOURCE)
+    assert info.value.status == "BadRedirect"
+
+
+@pytest.mark.parametrize("path", ["/huge", "/declared-huge"])
+async def test_bodies_over_the_cap_are_abandoned(server, session, path: str) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    with pytest.raises(FetchError) as info:
+        await make_fetcher(session, redis, max_bytes=15_000).fetch(str(server.make_url(path)), SOURCE)
+    assert (info.value.status, info.value.http_status) == ("TooLarge", 200)
+
+
+async def test_timeouts_and_disconnects_have_names(server, session, monkeypatch) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    monkeypatch.setattr(fetch_module, "TIMEOUT", aiohttp.ClientTimeout(total=0.3))
+    with pytest.raises(FetchError) as info:
+        await make_fetcher(session, redis).fetch(str(server.make_url("/slow")), SOURCE)
+    assert info.value.status == "Timeout"
+    with pytest.raises(FetchError) as info:
+        await make_fetcher(session, redis).fetch(str(server.make_url("/cut")), SOURCE)
+    assert info.value.status == "ServerDisconnected"
+    with pytest.raises(FetchError) as info:
+        await make_fetcher(session, redis).fetch("http://127.0.0.1:1/nothing-listens", SOURCE)
+    assert info.value.status == "ConnectionError"
+
+
+async def test_error_statuses_are_returned_without_reading_the_body(server, session) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    fetched = await make_fetcher(session, redis).fetch(str(server.make_url("/missing")), SOURCE)
+    assert (fetched.status, fetched.body) == (404, b"")
+
+
+async def test_gate_refusal_spends_no_token(server, session) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    url = str(server.make_url("/image"))
+    with pytest.raises(FetchError) as info:
+        await make_fetcher(session, redis, AllowAllGate({url: "RobotsDisallowed"})).fetch(url, SOURCE)
+    assert info.value.status == "RobotsDisallowed"
+    assert redis.integer(tokens_key(SOURCE)) == 10 and redis.integer(source_requests_key(SOURCE)) == 0
+
+
+async def test_no_token_no_request_and_waiters_do_not_busy_loop(server, session) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 0)
+    fetcher = make_fetcher(session, redis)
+    url = str(server.make_url("/image"))
+    waiters = [asyncio.create_task(fetcher.fetch(url, SOURCE)) for _ in range(100)]
+    await asyncio.sleep(1.0)
+    assert server.app[USER_AGENTS] == []
+    decrs = sum(1 for call in redis.calls if call == ("decr", tokens_key(SOURCE)))
+    assert decrs <= 15  # one poller for the source, not a hundred
+    await redis.set(tokens_key(SOURCE), 3)  # the monitor's refill
+    await asyncio.sleep(1.0)
+    assert len(server.app[USER_AGENTS]) == 3
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def test_closing_the_buckets_releases_waiters_with_shutting_down() -> None:
+    redis = FakeRedis()
+    tokens = TokenBuckets(redis)
+    waiter = asyncio.create_task(tokens.take(SOURCE))
+    await asyncio.sleep(0.1)
+    tokens.close()
+    with pytest.raises(ShuttingDown):
+        await waiter

@@ -1,0 +1,163 @@
+"""Every outcome path of one URL, with fakes for the fetcher, Kafka, S3 and Redis."""
+from __future__ import annotations
+
+import pytest
+from multidict import CIMultiDict
+
+from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
+                              NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
+                              resized_key, status_window_key)
+from common.settings import Settings
+from test.worker_fakes import (FakeProducer, FakeRedis, FakeThumbnails, exif_jpeg, image_bytes,
+                               png_bomb)
+from worker import task as task_module
+from worker.fetch import Fetched, FetchError
+from worker.imaging import analyze
+from worker.stats import Stats
+from worker.task import ImageTask
+
+SOURCE = "example"
+SETTINGS = Settings(target_resolution=64, max_retries=1,
+                    crawl_user_agent="cc-image-crawler/1.0 (+https://example.org/bot)")
+
+
+class FakeFetcher:
+    def __init__(self, result: Fetched | FetchError):
+        self.result = result
+
+    async def fetch(self, url: str, source: str) -> Fetched:
+        if isinstance(self.result, FetchError):
+            raise self.result
+        return self.result
+
+
+async def inline_analyze(data: bytes, target: int):
+    return analyze(data, target)
+
+
+def ok(body: bytes, status: int = 200, **headers: str) -> Fetched:
+    multi = CIMultiDict()
+    for name, value in headers.items():
+        for one in value.split("|"):
+            multi.add(name.replace("_", "-"), one)
+    return Fetched("http://example.org/a.jpg", status, multi, body, token_wait=0.0)
+
+
+class Run:
+    def __init__(self, result: Fetched | FetchError, attempts: int = 0, producer: FakeProducer | None = None):
+        self.redis = FakeRedis()
+        self.producer = producer or FakeProducer()
+        self.thumbnails = FakeThumbnails()
+        self.task = ImageTask(FakeFetcher(result), inline_analyze, self.thumbnails, self.producer,
+                              Stats(self.redis), SETTINGS)
+        self.request = CrawlRequest("http://example.org/a.jpg", "uuid-1", SOURCE, attempts)
+
+    async def __call__(self) -> "Run":
+        await self.task.process(self.request)
+        return self
+
+    def outcomes(self) -> dict[str, list[dict]]:
+        return {t: self.producer.on(t) for t in (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, INBOUND_TOPIC)
+                if self.producer.on(t)}
+
+    def last_statuses(self) -> list[str]:
+        return self.redis.store.get(last_50_key(SOURCE), [])
+
+
+async def test_success_publishes_quality_and_exif_stores_thumbnail_counts() -> None:
+    body = exif_jpeg()
+    run = await Run(ok(body))()
+    exif, quality = run.producer.on(METADATA_TOPIC)
+    assert exif["identifier"] == "uuid-1" and exif["exif"]["0x13b"] == "Alden Page"
+    assert quality == {"identifier": "uuid-1", "width": 16, "height": 16, "compression_quality": 75,
+                       "filesize": len(body), "x_robots_tag": []}
+    assert set(run.outcomes()) == {METADATA_TOPIC}
+    assert run.thumbnails.stored["uuid-1"].startswith(b"\xff\xd8")
+    assert run.redis.integer(NUM_RESIZED) == 1 and run.redis.integer(resized_key(SOURCE)) == 1
+    assert run.last_statuses() == ["200"]
+    window = run.redis.store[status_window_key("status60s", SOURCE)]
+    assert [member.split(":")[0] for member in window] == ["200"]
+
+
+async def test_image_without_exif_sends_only_the_quality_message() -> None:
+    run = await Run(ok(image_bytes("PNG")))()
+    (quality,) = run.producer.on(METADATA_TOPIC)
+    assert quality["compression_quality"] is None
+
+
+@pytest.mark.parametrize("header, stored, directives", [
+    ("noindex", False, ["noindex"]),
+    ("cc-image-crawler: noimageindex", False, ["noimageindex"]),
+    ("otherbot: noindex|nofollow", True, ["nofollow"]),
+    ("unavailable_after: 25 Jun 2030 15:00:00 PST", True, ["unavailable_after: 25 jun 2030 15:00:00 pst"]),
+])
+async def test_x_robots_tag_directives_for_us_decide_the_thumbnail(header, stored, directives) -> None:
+    run = await Run(ok(image_bytes("JPEG"), X_Robots_Tag=header))()
+    quality = run.producer.on(METADATA_TOPIC)[-1]
+    assert quality["x_robots_tag"] == directives
+    assert ("uuid-1" in run.thumbnails.stored) is stored
+
+
+@pytest.mark.parametrize("status", [404, 410])
+async def test_missing_images_are_link_rot(status: int) -> None:
+    run = await Run(ok(b"", status))()
+    assert set(run.outcomes()) == {LINK_ROT_TOPIC}
+    assert run.producer.on(LINK_ROT_TOPIC)[0]["identifier"] == "uuid-1"
+    assert run.redis.integer(errors_key(SOURCE, str(status))) == 1 and run.last_statuses() == [str(status)]
+
+
+@pytest.mark.parametrize("result, status", [
+    (ok(b"", 503), "503"), (ok(b"", 429), "429"),
+    (FetchError("Timeout"), "Timeout"), (FetchError("ServerDisconnected"), "ServerDisconnected"),
+])
+async def test_transient_failures_are_retried_through_inbound_images(result, status) -> None:
+    run = await Run(result, attempts=0)()
+    assert set(run.outcomes()) == {INBOUND_TOPIC}
+    assert run.producer.on(INBOUND_TOPIC) == [
+        {"url": "http://example.org/a.jpg", "uuid": "uuid-1", "source": SOURCE, "attempts": 1}]
+    assert run.last_statuses() == [status] and run.redis.integer(RESIZE_ERRORS) == 1
+
+
+async def test_exhausted_retries_end_in_crawl_errors() -> None:
+    run = await Run(ok(b"", 503), attempts=1)()
+    (error,) = run.producer.on(CRAWL_ERRORS_TOPIC)
+    assert set(run.outcomes()) == {CRAWL_ERRORS_TOPIC}
+    assert {k: error[k] for k in ("identifier", "url", "source", "reason", "status", "attempts")} == {
+        "identifier": "uuid-1", "url": "http://example.org/a.jpg", "source": SOURCE,
+        "reason": "HTTP 503", "status": 503, "attempts": 1}
+    assert "time" in error
+
+
+@pytest.mark.parametrize("result, reason, status", [
+    (ok(b"", 403), "HTTP 403", 403),
+    (ok(b"<html>not an image</html>"), "UnidentifiedImageError", 200),
+    (ok(b""), "UnidentifiedImageError", 200),
+    (ok(png_bomb()), "DecompressionBomb", 200),
+    (FetchError("TooLarge", 200), "TooLarge", 200),
+    (FetchError("TooManyRedirects", 302), "TooManyRedirects", 302),
+    (FetchError("RobotsDisallowed"), "RobotsDisallowed", None),
+])
+async def test_other_ends_go_to_crawl_errors_and_the_windows(result, reason, status) -> None:
+    run = await Run(result)()
+    assert set(run.outcomes()) == {CRAWL_ERRORS_TOPIC}
+    error = run.producer.on(CRAWL_ERRORS_TOPIC)[0]
+    assert (error["reason"], error["status"]) == (reason, status)
+    name = reason.removeprefix("HTTP ")
+    assert run.last_statuses() == [name]
+    assert run.redis.integer(errors_key(SOURCE, name)) == 1 and "uuid-1" not in run.thumbnails.stored
+
+
+async def test_forbidden_address_is_counted_but_kept_out_of_the_breaker_windows() -> None:
+    run = await Run(FetchError("ForbiddenAddress"))()
+    assert run.producer.on(CRAWL_ERRORS_TOPIC)[0]["reason"] == "ForbiddenAddress"
+    assert run.last_statuses() == []
+    assert status_window_key("status60s", SOURCE) not in run.redis.store
+    assert run.redis.integer(errors_key(SOURCE, "ForbiddenAddress")) == 1
+    assert run.redis.integer(RESIZE_ERRORS) == 1
+
+
+async def test_broker_outage_is_waited_out_not_an_outcome(monkeypatch) -> None:
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
+    run = await Run(ok(image_bytes("JPEG")), producer=FakeProducer(fail_first=3))()
+    assert len(run.producer.on(METADATA_TOPIC)) == 1
+    assert run.redis.integer(NUM_RESIZED) == 1

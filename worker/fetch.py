@@ -1,0 +1,125 @@
+"""One polite, bounded download: the rate-limited session of SPEC 3.
+
+Every hop (the first URL and each redirect target) is a request of its own:
+it asks the ``RequestGate`` first (robots.txt, address checks), takes a
+token, counts itself in ``num_requests:{source}``, and runs inside the
+gate's host slot. Redirects are followed here rather than by aiohttp for
+exactly that reason. The body is streamed and abandoned past the size cap,
+so a hostile server cannot make us hold more than ``max_image_bytes``.
+
+Whatever goes wrong comes out as one ``FetchError`` whose ``status`` is the
+name recorded in Redis (``Timeout``, ``TooLarge``, ``RobotsDisallowed``...).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Mapping
+from urllib.parse import urljoin
+
+import aiohttp
+
+from common.contracts import InvalidMessage, source_requests_key, validate_url
+from common.jsonlog import log_event
+from worker.constants import (CONNECT_TIMEOUT, MAX_REDIRECTS, READ_TIMEOUT, REDIRECT_STATUSES,
+                              TOTAL_TIMEOUT)
+from worker.politeness import Refused, RequestGate
+from worker.tokens import ShuttingDown, TokenBuckets
+
+TIMEOUT = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    url: str                      # after redirects
+    status: int
+    headers: Mapping[str, str]    # a CIMultiDict: X-Robots-Tag may repeat
+    body: bytes                   # read for 2xx only
+    token_wait: float             # seconds spent waiting for tokens
+
+
+class FetchError(Exception):
+    def __init__(self, status: str, http_status: int | None = None, token_wait: float = 0.0):
+        super().__init__(status)
+        self.status = status              # the Redis status name, also the crawl_errors reason
+        self.http_status = http_status    # crawl_errors "status"
+        self.token_wait = token_wait
+
+
+class Fetcher:
+    def __init__(self, session: aiohttp.ClientSession, gate: RequestGate, tokens: TokenBuckets,
+                 redis, max_bytes: int):
+        self._session = session
+        self._gate = gate
+        self._tokens = tokens
+        self._redis = redis
+        self._max_bytes = max_bytes
+
+    async def fetch(self, url: str, source: str) -> Fetched:
+        waited = 0.0
+        try:
+            for _hop in range(MAX_REDIRECTS + 1):
+                await self._gate.before_request(url, source)
+                waited += await self._tokens.take(source)
+                await self._redis.incr(source_requests_key(source))
+                status, headers, body = await self._request(url, source)
+                location = headers.get("Location") if status in REDIRECT_STATUSES else None
+                if not location:
+                    return Fetched(url, status, headers, body, waited)
+                url = _redirect_target(url, location)
+            raise FetchError("TooManyRedirects", status)
+        except FetchError as exc:
+            exc.token_wait = waited
+            raise
+        except (ShuttingDown, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise _classify(exc, waited) from exc
+
+    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], bytes]:
+        async with self._gate.host_slot(url):
+            async with self._session.get(url, allow_redirects=False, timeout=TIMEOUT) as response:
+                try:
+                    body = await self._read_capped(response) if 200 <= response.status < 300 else b""
+                finally:
+                    await self._gate.after_response(url, source, response.status, response.headers)
+                return response.status, response.headers, body
+
+    async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
+        if (response.content_length or 0) > self._max_bytes:
+            raise FetchError("TooLarge", response.status)
+        body = bytearray()
+        async for chunk in response.content.iter_any():
+            body += chunk
+            if len(body) > self._max_bytes:
+                raise FetchError("TooLarge", response.status)
+        return bytes(body)
+
+
+def _redirect_target(current: str, location: str) -> str:
+    try:
+        return validate_url(urljoin(current, location))
+    except (InvalidMessage, ValueError):
+        raise FetchError("BadRedirect") from None
+
+
+def _classify(exc: Exception, waited: float) -> FetchError:
+    if isinstance(exc, Refused):
+        return FetchError(exc.reason, token_wait=waited)
+    if isinstance(exc, asyncio.TimeoutError):  # includes aiohttp's connect and read timeouts
+        name = "Timeout"
+    elif isinstance(exc, aiohttp.ClientSSLError):
+        name = "SSLError"
+    elif isinstance(exc, aiohttp.ClientConnectorError):
+        name = "ConnectionError"
+    elif isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                          aiohttp.ClientOSError)):
+        name = "ServerDisconnected"
+    elif isinstance(exc, (aiohttp.InvalidURL, ValueError)):
+        name = "InvalidURL"
+    elif isinstance(exc, aiohttp.ClientError):
+        name = type(exc).__name__
+    else:
+        log_event("fetch_unexpected_error", error=repr(exc))
+        name = type(exc).__name__
+    return FetchError(name, token_wait=waited)

@@ -1,0 +1,129 @@
+"""One URL from download to its single terminal outcome (SPEC 1).
+
+Outcomes: a quality message (plus the EXIF message and the thumbnail) on
+success; ``link_rot`` for 404 and 410; a retry through ``inbound_images``
+for transient failures while attempts remain; ``crawl_errors`` for every
+other end. ``process`` returns only once its outcome is acknowledged, so
+the scheduler can commit the message's offset.
+
+Failures of our own infrastructure (Kafka, S3, Redis) are never a URL's
+outcome: the task waits them out (``persist``) and is cancelled, uncommitted,
+if the worker stops first.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
+
+from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
+                              CrawlRequest, crawl_error_message, exif_message, link_rot_message,
+                              quality_message)
+from common.jsonlog import log_event
+from common.settings import Settings
+from worker.constants import (INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES,
+                              NOT_SENT_STATUSES, RETRYABLE_NAMES)
+from worker.fetch import Fetched, FetchError, Fetcher
+from worker.imaging import Analysis
+from worker.robots_tag import applicable_directives, forbids_thumbnail, product_token
+from worker.stats import Stats
+
+T = TypeVar("T")
+Analyze = Callable[[bytes, int], Awaitable[Analysis]]
+
+
+async def persist(what: str, operation: Callable[[], Awaitable[T]]) -> T:
+    """Run ``operation`` until it succeeds, backing off: for writes to our own infrastructure."""
+    delay = INFRA_RETRY_FIRST_DELAY
+    while True:
+        try:
+            return await operation()
+        except Exception as exc:
+            log_event("infra_retry", what=what, error=repr(exc)[:500], retry_in=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, INFRA_RETRY_MAX_DELAY)
+
+
+class ImageTask:
+    def __init__(self, fetcher: Fetcher, analyze: Analyze, thumbnails, producer, stats: Stats,
+                 settings: Settings):
+        self._fetcher = fetcher
+        self._analyze = analyze
+        self._thumbnails = thumbnails
+        self._producer = producer
+        self._stats = stats
+        self._target = settings.target_resolution
+        self._max_retries = settings.max_retries
+        self._agent_token = product_token(settings.crawl_user_agent)
+
+    async def process(self, request: CrawlRequest) -> float:
+        """Crawl ``request`` to its outcome; returns the seconds of work (token waits excluded)."""
+        started = time.monotonic()
+        token_wait = 0.0
+        try:
+            fetched = await self._fetcher.fetch(request.url, request.source)
+            token_wait = fetched.token_wait
+            await self._fetched(request, fetched)
+        except FetchError as exc:
+            token_wait = exc.token_wait
+            if exc.status in RETRYABLE_NAMES:
+                await self._retry_or_fail(request, exc.status, exc.http_status)
+            else:
+                await self._fail(request, exc.status, exc.http_status,
+                                 windows=exc.status not in NOT_SENT_STATUSES)
+        return time.monotonic() - started - token_wait
+
+    async def _fetched(self, request: CrawlRequest, fetched: Fetched) -> None:
+        status = fetched.status
+        if status in LINK_ROT_STATUSES:
+            await self._send(LINK_ROT_TOPIC, link_rot_message(request.uuid))
+            await self._record(request.source, str(status), success=False)
+        elif status == 429 or status >= 500:
+            await self._retry_or_fail(request, str(status), status)
+        elif not 200 <= status < 300:
+            await self._fail(request, str(status), status)
+        else:
+            analysis = await self._analyze(fetched.body, self._target)
+            if analysis.error:
+                await self._fail(request, analysis.error, status)
+            else:
+                await self._succeed(request, fetched, analysis)
+
+    async def _succeed(self, request: CrawlRequest, fetched: Fetched, analysis: Analysis) -> None:
+        directives = applicable_directives(_header_values(fetched.headers, "X-Robots-Tag"),
+                                           self._agent_token)
+        if not forbids_thumbnail(directives):
+            await persist("s3_put", lambda: self._thumbnails.put(request.uuid, analysis.thumbnail))
+        if analysis.exif:
+            await self._send(METADATA_TOPIC, exif_message(request.uuid, analysis.exif))
+        await self._send(METADATA_TOPIC, quality_message(
+            request.uuid, analysis.width, analysis.height, analysis.compression_quality,
+            len(fetched.body), x_robots_tag=directives))
+        await self._record(request.source, str(fetched.status), success=True)
+
+    async def _retry_or_fail(self, request: CrawlRequest, status: str, http_status: int | None) -> None:
+        if request.attempts < self._max_retries:
+            retry = CrawlRequest(request.url, request.uuid, request.source, request.attempts + 1)
+            await self._send(INBOUND_TOPIC, retry.to_json())
+            await self._record(request.source, status, success=False)
+        else:
+            await self._fail(request, status, http_status)
+
+    async def _fail(self, request: CrawlRequest, status: str, http_status: int | None,
+                    windows: bool = True) -> None:
+        reason = f"HTTP {status}" if status.isdigit() else status
+        await self._send(CRAWL_ERRORS_TOPIC, crawl_error_message(request, reason, http_status))
+        await self._record(request.source, status, success=False, windows=windows)
+
+    async def _send(self, topic: str, value: bytes) -> None:
+        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))
+
+    async def _record(self, source: str, status: str, success: bool, windows: bool = True) -> None:
+        await persist("redis_stats", lambda: self._stats.record(source, status, success, windows))
+
+
+def _header_values(headers: Mapping[str, str], name: str) -> list[Any]:
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        return list(getall(name, []))
+    return [headers[name]] if name in headers else []
