@@ -6,10 +6,13 @@ person can check that the page reads well.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
+import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
+import threading
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
@@ -22,6 +25,7 @@ from common import contracts as c
 from crawl_monitor import http_api
 from test.test_ops_http import monitoring_update, seed, serve
 
+ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
@@ -110,3 +114,54 @@ async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
     assert page["polylines"] >= 4
     assert "phylopic" in page["general"] and page["banner_hidden"]
     assert screenshot.stat().st_size > 10_000
+
+
+@contextmanager
+def monitor_process(env: dict[str, str]) -> Iterator[list[dict]]:
+    """``python -m crawl_monitor``, its monitoring_update lines collected as they come."""
+    process = subprocess.Popen([sys.executable, "-m", "crawl_monitor"], env=env, cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    updates: list[dict] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            with suppress(ValueError):
+                record = json.loads(line)
+                if record.get("event") == c.EVENT_MONITORING_UPDATE:
+                    updates.append(record)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield updates
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        reader.join(timeout=5)
+
+
+async def test_dashboard_shows_what_the_real_monitor_logs(stack_env, redis_client, tmp_path) -> None:
+    """The real monitor's monitoring_update lines, served as the monitor's main will serve them."""
+    await seed(redis_client)
+    sources = tmp_path / "sources.json"
+    sources.write_text(json.dumps([{"source_name": "flickr", "image_count": 500_000_000},
+                                   {"source_name": "animaldiversity", "media_count": 20_000},
+                                   {"source_name": "phylopic", "image_count": 10_000}]))
+    screenshot = tmp_path / "dashboard-real-monitor.png"
+    with monitor_process({**stack_env, "SOURCES_URL": str(sources)}) as updates:
+        for _ in range(200):  # until the regulator has applied SOURCES_URL and a line is logged
+            if updates and float(await redis_client.get(c.rate_limit_key("flickr")) or 0) == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert updates, "the monitor logged no monitoring_update within 20 s"
+        async with serve(redis_client, lambda: updates[-1], sample_every=0.5) as base:
+            page = await asyncio.to_thread(load_dashboard, f"{base}/", screenshot)
+    sys.__stderr__.write(f"\n[dashboard] screenshot: {screenshot}\n")
+    rows = {source: " | ".join(texts) for source, texts in page["rows"].items()}
+    assert list(rows) == ["animaldiversity", "flickr", "phylopic"]
+    assert page["rows"]["flickr"][2] == "200"  # the largest sources get the top rate (SPEC 3)
+    assert "halted" in rows["phylopic"] and "13,188" in rows["flickr"]

@@ -55,6 +55,10 @@ function drawChart(svg, series, now, { width, height, labels }) {
     const flush = () => {
       if (run.length > 1) svg.append(el("polyline", { svg: 1, points: run.join(" "), fill: "none",
         stroke: s.color, "stroke-width": labels ? 2 : 1.5, "stroke-dasharray": s.dash || "none" }));
+      if (run.length === 1) {  // a lone sample (a fresh server) is a dot, not nothing
+        const [cx, cy] = run[0].split(",");
+        svg.append(el("circle", { svg: 1, cx, cy, r: labels ? 3 : 2, fill: s.color }));
+      }
       run = [];
     };
     for (const [t, v] of s.points) {
