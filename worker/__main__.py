@@ -1,0 +1,70 @@
+"""``python -m worker``: one crawl worker; run any number on any number of machines.
+
+SIGTERM (or Ctrl-C) stops taking work, lets requests in flight finish
+within SHUTDOWN_TIMEOUT, commits what finished and exits 0; whatever did
+not finish is re-delivered to the next worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from common.contracts import WORKER_GROUP
+from common.jsonlog import log_event
+from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, producer_config
+from common.settings import Settings, load_settings
+from worker.constants import CONSUMER_EXTRA_CONFIG
+from worker.feed import KafkaFeed
+from worker.fetch import Fetcher
+from worker.politeness.addresses import build_connector
+from worker.politeness.gate import build_gate
+from worker.pool import ImagePool
+from worker.scheduler import Scheduler
+from worker.stats import Stats
+from worker.task import ImageTask
+from worker.thumbnails import s3_thumbnails
+from worker.tokens import TokenBuckets
+
+
+async def run(settings: Settings) -> None:
+    redis = aioredis.from_url(settings.redis_url, decode_responses=True)
+    producer = AsyncProducer(producer_config(settings.kafka_hosts))
+    consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
+    pool = ImagePool()
+    connector = build_connector(settings, limit=settings.max_tasks,
+                                limit_per_host=settings.crawl_per_host_connections)
+    session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                    headers={"User-Agent": settings.crawl_user_agent})
+    try:
+        async with s3_thumbnails(settings) as thumbnails:
+            rates: dict[str, float] = {}
+            tokens = TokenBuckets(redis, rate_of=rates.get)
+            fetcher = Fetcher(session, build_gate(settings, redis, session), tokens, redis,
+                              settings.max_image_bytes)
+            task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
+            scheduler = Scheduler(KafkaFeed(consumer), redis, task.process, producer, tokens, rates,
+                                  settings.max_tasks, settings.shutdown_timeout)
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, scheduler.stop)
+            log_event("worker_started", max_tasks=settings.max_tasks, processes=pool.processes)
+            await scheduler.run()
+    finally:
+        undelivered = await producer.close(settings.shutdown_timeout)
+        await consumer.close()
+        await session.close()
+        await redis.aclose()
+        pool.close()
+        log_event("worker_stopped", undelivered=undelivered)
+
+
+def main() -> None:
+    settings = load_settings()
+    asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""How many concurrent tasks each source gets (issue 4: by need, not equal shares).
+
+A source needs about rate x latency tasks in flight to use its tokens (100
+req/s at 0.2 s a request keeps 20 busy; headroom covers token bursts). That
+many slots are *reserved* for it. Sources that need less than one slot (a
+0.5 req/s site) run on *shared* slots, one task each at most, taken in
+rotation, so no source starves however many there are. At least half the
+worker's capacity (or enough for every floor) stays shared, so one huge
+source cannot crowd out the rest either.
+
+The reference gave every source an equal share instead: with many slow
+sources, a fast one got the same handful of slots as a 0.5 req/s one.
+"""
+from __future__ import annotations
+
+
+def reserve(needs: dict[str, float], capacity: int, floor: int) -> dict[str, int]:
+    """Slots reserved per source (its need rounded down), scaled to leave room for the floors."""
+    shared = min(floor * len(needs), capacity // 2)
+    budget = capacity - shared
+    wanted = {source: int(need) for source, need in needs.items() if int(need) > 0}
+    total = sum(wanted.values())
+    if total <= budget:
+        return wanted
+    return {source: slots * budget // total for source, slots in wanted.items()}

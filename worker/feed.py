@@ -1,0 +1,91 @@
+"""The scheduler's view of Kafka: one consumer for every ``urls.{source}`` topic.
+
+One consumer with per-partition pause and resume replaces the reference's
+consumer per source, so thousands of sources cost one group member. Every
+call runs on the consumer's own thread (``common.kafka.AsyncConsumer``);
+rebalance callbacks, which librdkafka runs on that thread inside
+``consume``, only queue events that ``poll`` hands to the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from common.jsonlog import log_event
+from common.kafka import AsyncConsumer
+
+TP = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+@dataclass
+class Batch:
+    records: list[Record] = field(default_factory=list)
+    assigned: list[TP] = field(default_factory=list)
+    revoked: list[TP] = field(default_factory=list)
+
+
+class KafkaFeed:
+    def __init__(self, consumer: AsyncConsumer):
+        self._consumer = consumer
+        self._events: deque[tuple[str, list[TP]]] = deque()  # appended on the consumer thread
+        self._subscribed = False
+
+    async def subscribe(self, topics: list[str]) -> None:
+        def note(kind: str):
+            return lambda _consumer, parts: self._events.append((kind, [(p.topic, p.partition) for p in parts]))
+        await self._consumer.subscribe(topics, on_assign=note("assigned"), on_revoke=note("revoked"),
+                                       on_lost=note("revoked"))
+        self._subscribed = True
+
+    async def poll(self, max_records: int, timeout: float) -> Batch:
+        if not self._subscribed:
+            await asyncio.sleep(timeout)
+            return Batch()
+        messages = await self._consumer.consume(max_records, timeout)
+        batch = Batch()
+        while self._events:
+            kind, parts = self._events.popleft()
+            getattr(batch, kind).extend(parts)
+        for message in messages:
+            if message.error():
+                log_event("consumer_error", error=str(message.error()), topic=message.topic())
+                continue
+            batch.records.append(Record(message.topic(), message.partition(), message.offset(), message.value()))
+        return batch
+
+    async def pause(self, parts: list[TP]) -> None:
+        await self._flow("pause", parts)
+
+    async def resume(self, parts: list[TP]) -> None:
+        await self._flow("resume", parts)
+
+    async def _flow(self, action: str, parts: list[TP]) -> None:
+        if not parts:
+            return
+        try:
+            await self._consumer.call(lambda c: getattr(c, action)([TopicPartition(t, p) for t, p in parts]))
+        except KafkaException as exc:  # e.g. a partition revoked in the meantime
+            log_event("consumer_flow_failed", action=action, error=str(exc))
+
+    async def commit(self, positions: dict[TP, int]) -> bool:
+        """Commit each partition's position (the next offset to read); False if the broker refused."""
+        try:
+            await self._consumer.commit_offsets([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+            return True
+        except KafkaException as exc:  # a rebalance in progress: the next commit retries
+            log_event("commit_failed", error=str(exc), partitions=len(positions))
+            return False
+
+    async def close(self) -> None:
+        await self._consumer.close()

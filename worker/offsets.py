@@ -1,0 +1,34 @@
+"""Which offset of a partition is safe to commit when tasks finish out of order.
+
+A message's offset may be committed only once its outcome is acknowledged
+(SPEC 1: at-least-once), and Kafka commits a single position per
+partition: everything below it counts as done. So the position is the
+lowest offset still unfinished, or one past the highest seen when none is.
+"""
+from __future__ import annotations
+
+
+class PartitionOffsets:
+    def __init__(self) -> None:
+        self._unfinished: set[int] = set()
+        self._next: int | None = None      # one past the highest offset seen
+        self.committed: int | None = None  # the last position committed
+
+    def __contains__(self, offset: int) -> bool:
+        return offset in self._unfinished
+
+    def add(self, offset: int) -> None:
+        if self.committed is None:
+            self.committed = offset  # where the group's position already is: nothing to commit yet
+        self._unfinished.add(offset)
+        self._next = offset + 1 if self._next is None else max(self._next, offset + 1)
+
+    def finish(self, offset: int) -> None:
+        self._unfinished.discard(offset)
+
+    def committable(self) -> int | None:
+        """The position to commit, or None when nothing new is safe to commit."""
+        position = min(self._unfinished) if self._unfinished else self._next
+        if position is None or (self.committed is not None and position <= self.committed):
+            return None
+        return position

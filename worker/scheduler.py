@@ -1,0 +1,258 @@
+"""Which URLs a worker crawls next, and when their offsets are committed (issue 4).
+
+One consumer reads every ``urls.{source}`` topic; messages wait in a
+per-source queue and start as tasks on the source's reserved slots (its
+need, rate x observed latency) or, one at a time, on the shared slots that
+are the floor of every source (``allocation.reserve``), within MAX_TASKS.
+A source whose queue is full, or that is halted (``halted``/``temp_halted``),
+has its partitions paused: its URLs stay in Kafka instead of piling up
+here. Sources are taken in rotation, so shared slots go round.
+
+Offsets are committed per partition up to the lowest unfinished message,
+and a task finishes only after its outcome is acknowledged, so a crash
+re-delivers rather than loses (at-least-once).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from common.contracts import (HALTED, INBOUND_SOURCES, REJECTED_TOPIC, TEMP_HALTED, CrawlRequest,
+                              InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message,
+                              source_of_topic, source_topic)
+from common.jsonlog import log_event
+from worker.allocation import reserve
+from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
+                              LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, POLL_BATCH, POLL_TIMEOUT,
+                              REFRESH_INTERVAL)
+from worker.feed import TP, KafkaFeed, Record
+from worker.offsets import PartitionOffsets
+from worker.task import persist
+from worker.tokens import ShuttingDown, TokenBuckets
+
+Handle = Callable[[CrawlRequest], Awaitable[float]]
+
+
+@dataclass(frozen=True)
+class Job:
+    tp: TP
+    offset: int
+    request: CrawlRequest
+
+
+class Scheduler:
+    def __init__(self, feed: KafkaFeed, redis, handle: Handle, producer, tokens: TokenBuckets,
+                 rates: dict[str, float], max_tasks: int, shutdown_timeout: float):
+        self._feed = feed
+        self._redis = redis
+        self._handle = handle
+        self._producer = producer
+        self._tokens = tokens
+        self.rates = rates  # shared with TokenBuckets, which paces its polls by them
+        self._max_tasks = max_tasks
+        self._shutdown_timeout = shutdown_timeout
+
+        self._stopping = asyncio.Event()
+        self._sources: set[str] = set()
+        self._halted: set[str] = set()
+        self._latency: dict[str, float] = {}
+        self._reserved: dict[str, int] = {}
+        self._pending: dict[str, deque[Job]] = {}  # insertion order is the rotation order
+        self._inflight: dict[str, int] = defaultdict(int)
+        self._total = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._offsets: dict[TP, PartitionOffsets] = {}
+        self._assigned: set[TP] = set()
+        self._paused: set[TP] = set()
+        self._next_refresh = 0.0
+        self._next_commit = 0.0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                await self._refresh_if_due()
+                batch = await self._feed.poll(POLL_BATCH, POLL_TIMEOUT)
+                self._rebalanced(batch.assigned, batch.revoked)
+                for record in batch.records:
+                    self._accept(record)
+                self._reallocate()
+                self._dispatch()
+                await self._update_pauses()
+                if time.monotonic() >= self._next_commit:
+                    await self._commit()
+        finally:
+            await self._drain()
+
+    # --- sources, halts and rates from Redis ----------------------------------
+    async def _refresh_if_due(self) -> None:
+        if time.monotonic() < self._next_refresh:
+            return
+        self._next_refresh = time.monotonic() + REFRESH_INTERVAL
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.smembers(INBOUND_SOURCES).smembers(HALTED).smembers(TEMP_HALTED)
+            sources, halted, temp_halted = await pipe.execute()
+            names = sorted(sources)
+            rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
+        except Exception as exc:  # Redis away: keep the last known state
+            log_event("worker_refresh_failed", error=repr(exc)[:300])
+            return
+        self._halted = set(halted) | set(temp_halted)
+        self.rates.clear()
+        self.rates.update({s: _as_rate(r) for s, r in zip(names, rates) if _as_rate(r) is not None})
+        if set(names) != self._sources:
+            self._sources = set(names)
+            await self._feed.subscribe([source_topic(s) for s in names])
+            log_event("worker_subscribed", sources=len(names))
+
+    # --- partitions and messages ----------------------------------------------
+    def _rebalanced(self, assigned: list[TP], revoked: list[TP]) -> None:
+        for tp in revoked:
+            # Another worker owns it now: forget its queue; running tasks finish uncommitted.
+            self._assigned.discard(tp)
+            self._paused.discard(tp)
+            self._offsets.pop(tp, None)
+            source = source_of_topic(tp[0])
+            if source in self._pending:
+                kept = deque(job for job in self._pending[source] if job.tp != tp)
+                self._set_pending(source, kept)
+        for tp in assigned:
+            self._assigned.add(tp)
+            self._paused.discard(tp)
+
+    def _accept(self, record: Record) -> None:
+        tp = (record.topic, record.partition)
+        offsets = self._offsets.setdefault(tp, PartitionOffsets())
+        if record.offset in offsets:
+            return  # re-delivered while still in progress here
+        offsets.add(record.offset)
+        try:
+            request = parse_crawl_request(record.value)
+        except InvalidMessage as exc:
+            self._spawn(tp, record.offset, None, self._reject(record, str(exc)))
+            return
+        source = source_of_topic(record.topic)
+        self._pending.setdefault(source, deque()).append(Job(tp, record.offset, request))
+
+    async def _reject(self, record: Record, error: str) -> float:
+        message = rejected_message(record.topic, record.value, error)
+        await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+        return 0.0
+
+    # --- concurrency ----------------------------------------------------------
+    def _reallocate(self) -> None:
+        active = (set(self._pending) | {s for s, n in self._inflight.items() if n}) - self._halted
+        needs = {s: self.rates.get(s, 0.0) * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM
+                 for s in active}
+        self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
+
+    def _dispatch(self) -> None:
+        if self._stopping.is_set():
+            return
+        reserved = self._reserved
+        shared_free = (self._max_tasks - sum(reserved.values())
+                       - sum(max(0, n - reserved.get(s, 0)) for s, n in self._inflight.items()))
+        started = True
+        while started and self._total < self._max_tasks:
+            started = False
+            for source in list(self._pending):
+                if self._total >= self._max_tasks:
+                    return
+                running = self._inflight[source]
+                if source in self._halted:
+                    continue
+                if running >= reserved.get(source, 0):  # beyond its reservation: the floor, shared
+                    if running >= MIN_TASKS_PER_SOURCE or shared_free <= 0:
+                        continue
+                    shared_free -= 1
+                queue = self._pending.pop(source)  # re-inserted last: the rotation
+                job = queue.popleft()
+                self._set_pending(source, queue)
+                self._spawn(job.tp, job.offset, source, self._crawl(source, job.request))
+                started = True
+
+    async def _crawl(self, source: str, request: CrawlRequest) -> float:
+        busy = await self._handle(request)
+        previous = self._latency.get(source, DEFAULT_LATENCY)
+        self._latency[source] = previous + LATENCY_SMOOTHING * (max(busy, 0.0) - previous)
+        return busy
+
+    def _spawn(self, tp: TP, offset: int, source: str | None, work: Awaitable[float]) -> None:
+        if source is not None:
+            self._inflight[source] += 1
+            self._total += 1
+        task = asyncio.ensure_future(self._finish_after(tp, offset, source, work))
+        self._tasks.add(task)
+
+    async def _finish_after(self, tp: TP, offset: int, source: str | None, work: Awaitable[float]) -> None:
+        try:
+            await work
+            offsets = self._offsets.get(tp)
+            if offsets is not None:
+                offsets.finish(offset)
+        except ShuttingDown:
+            pass  # nothing sent: the message stays uncommitted for the next owner
+        except Exception as exc:  # a bug: keep the offset unfinished rather than lose the URL
+            log_event("task_crashed", topic=tp[0], partition=tp[1], offset=offset, error=repr(exc)[:500])
+        finally:
+            self._tasks.discard(asyncio.current_task())
+            if source is not None:
+                self._inflight[source] -= 1
+                self._total -= 1
+                self._dispatch()
+
+    def _set_pending(self, source: str, queue: deque[Job]) -> None:
+        if queue:
+            self._pending[source] = queue
+        else:
+            self._pending.pop(source, None)
+
+    # --- flow control and commits -----------------------------------------------
+    async def _update_pauses(self) -> None:
+        to_pause, to_resume = [], []
+        for tp in self._assigned:
+            source = source_of_topic(tp[0])
+            high = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
+            queued = len(self._pending.get(source, ()))
+            if tp not in self._paused and (source in self._halted or queued >= high):
+                to_pause.append(tp)
+            elif tp in self._paused and source not in self._halted and queued <= high // 2:
+                to_resume.append(tp)
+        await self._feed.pause(to_pause)
+        await self._feed.resume(to_resume)
+        self._paused.update(to_pause)
+        self._paused.difference_update(to_resume)
+
+    async def _commit(self) -> None:
+        self._next_commit = time.monotonic() + COMMIT_INTERVAL
+        positions = {tp: position for tp, offsets in self._offsets.items()
+                     if tp in self._assigned and (position := offsets.committable()) is not None}
+        if positions and await self._feed.commit(positions):
+            for tp, position in positions.items():
+                self._offsets[tp].committed = position
+
+    async def _drain(self) -> None:
+        """Stop taking work, let requests in flight finish (bounded), commit what finished."""
+        self._stopping.set()
+        self._tokens.close()
+        log_event("worker_draining", tasks=len(self._tasks))
+        if self._tasks:
+            _done, late = await asyncio.wait(set(self._tasks), timeout=self._shutdown_timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        await self._commit()
+
+
+def _as_rate(raw) -> float | None:
+    try:
+        rate = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return rate if rate >= 0 else None
