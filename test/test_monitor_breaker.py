@@ -1,0 +1,122 @@
+"""The circuit breaker's two halts at their boundaries (SPEC 3), on a fake Redis and a fake clock."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from common import contracts
+from crawl_monitor.circuit_breaker import CircuitBreaker
+from test.test_monitor_fakes import FakeAsyncRedis
+
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+def redis() -> FakeAsyncRedis:
+    store = FakeAsyncRedis()
+    store.store.sadd(contracts.INBOUND_SOURCES, "example")
+    return store
+
+
+def record(redis: FakeAsyncRedis, statuses: list[str], at: float, source: str = "example") -> None:
+    """What a worker writes per request: every window, and the last-50 list."""
+    for status in statuses:
+        member = f"{status}:{uuid.uuid4().hex}"
+        for prefix in contracts.STATUS_WINDOWS:
+            redis.store.zadd(contracts.status_window_key(prefix, source), {member: at})
+        redis.store.rpush(contracts.last_50_key(source), status)
+        del redis.store.data[contracts.last_50_key(source)][:-contracts.LAST_50_LENGTH]
+
+
+def logged(capsys) -> list[dict]:
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.parametrize("errors, halts", [(10, False), (11, True)])
+async def test_more_than_ten_percent_errors_in_a_minute_halts_temporarily(redis, capsys, errors, halts) -> None:
+    record(redis, ["200"] * (100 - errors) + ["500"] * errors, at=T0 - 30)
+    await CircuitBreaker(redis).check(T0)
+    assert ("example" in redis.store.smembers(contracts.TEMP_HALTED)) is halts
+    lines = logged(capsys)
+    if halts:
+        assert len(lines) == 1
+        assert set(lines[0]) == {"event", "time", "type", "msg", "source"}
+        assert (lines[0]["event"], lines[0]["type"], lines[0]["source"]) == ("crawl_halted", "temporary", "example")
+        assert '"500": 11' in lines[0]["msg"]
+    else:
+        assert lines == []
+
+
+def test_exactly_one_error_in_ten_is_not_more_than_ten_percent() -> None:
+    from crawl_monitor.circuit_breaker import surge_of_errors
+    assert not surge_of_errors(["200"] * 9 + ["500"])
+    assert surge_of_errors(["200"] * 8 + ["500"] * 2)
+
+
+async def test_too_few_requests_to_judge_do_not_halt(redis) -> None:
+    record(redis, ["Timeout"] * 9, at=T0 - 1)
+    await CircuitBreaker(redis).check(T0)
+    assert redis.store.smembers(contracts.TEMP_HALTED) == set()
+
+
+async def test_expected_statuses_are_not_errors(redis) -> None:
+    record(redis, ["404", "410", "301", "UnidentifiedImageError", "RobotsDisallowed"] * 10, at=T0 - 1)
+    await CircuitBreaker(redis).check(T0)
+    assert redis.store.smembers(contracts.TEMP_HALTED) == set() == redis.store.smembers(contracts.HALTED)
+
+
+async def test_requests_older_than_a_minute_do_not_count_and_are_trimmed(redis) -> None:
+    record(redis, ["500"] * 20, at=T0 - 61)
+    record(redis, ["200"] * 20, at=T0 - 3601)
+    await CircuitBreaker(redis).check(T0)
+    assert redis.store.smembers(contracts.TEMP_HALTED) == set()
+    assert redis.store.zrangebyscore(contracts.one_minute_window_key("example"), "-inf", "+inf") == []
+    assert len(redis.store.zrangebyscore(contracts.status_window_key("status1hr", "example"), "-inf", "+inf")) == 20
+    assert len(redis.store.zrangebyscore(contracts.status_window_key("status12hr", "example"), "-inf", "+inf")) == 40
+
+
+async def test_a_temporary_halt_clears_once_the_minute_is_clean(redis, capsys) -> None:
+    breaker = CircuitBreaker(redis)
+    record(redis, ["200"] * 10 + ["503"] * 10, at=T0)
+    await breaker.check(T0 + 1)
+    await breaker.check(T0 + 2)  # still bad: no second event
+    assert "example" in redis.store.smembers(contracts.TEMP_HALTED)
+    await breaker.check(T0 + 61)  # the errors have left the window
+    assert redis.store.smembers(contracts.TEMP_HALTED) == set()
+    assert [(e["event"], e.get("type")) for e in logged(capsys)] == [
+        ("crawl_halted", "temporary"), ("crawl_resumed", None)]
+
+
+@pytest.mark.parametrize("failures, halts", [(49, False), (50, True)])
+async def test_fifty_failures_in_a_row_halt_permanently(redis, capsys, failures, halts) -> None:
+    record(redis, ["200"] * (50 - failures), at=T0 - 3000)  # long gone from the minute window
+    record(redis, ["500"] * failures, at=T0 - 3000)
+    await CircuitBreaker(redis).check(T0)
+    assert ("example" in redis.store.smembers(contracts.HALTED)) is halts
+    permanent = [e for e in logged(capsys) if e.get("type") == "permanent"]
+    assert len(permanent) == int(halts)
+    if halts:
+        assert set(permanent[0]) == {"event", "time", "type", "msg", "source"}
+        assert permanent[0]["source"] == "example"
+
+
+async def test_fewer_than_fifty_failures_on_record_do_not_halt(redis) -> None:
+    record(redis, ["500"] * 49, at=T0 - 3000)
+    await CircuitBreaker(redis).check(T0)
+    assert redis.store.smembers(contracts.HALTED) == set()
+
+
+async def test_only_an_operator_lifts_a_permanent_halt(redis, capsys) -> None:
+    breaker = CircuitBreaker(redis)
+    record(redis, ["ServerDisconnected"] * 50, at=T0 - 3000)
+    await breaker.check(T0)
+    await breaker.check(T0 + 1)
+    assert redis.store.smembers(contracts.HALTED) == {"example"}
+    assert len(logged(capsys)) == 1  # one event per halt
+    # The operator's procedure: clear the list, then release the source.
+    redis.store.delete(contracts.last_50_key("example"))
+    redis.store.srem(contracts.HALTED, "example")
+    await breaker.check(T0 + 2)
+    assert redis.store.smembers(contracts.HALTED) == set()

@@ -1,0 +1,96 @@
+"""The splitter's batch step on fakes: routing, and commit only after every delivery."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from common import contracts
+from crawl_monitor.splitter import Splitter, Stopping, plan_batch
+from test.test_monitor_fakes import FakeConsumer, FakeMessage, FakeProducer, FakeRedis
+
+
+def good(n: int, source: str = "Example") -> bytes:
+    return json.dumps({"url": f"https://example.org/{n}.jpg", "uuid": f"u-{n}", "source": source}).encode()
+
+
+def make(batches, producer=None, redis=None):
+    consumer = FakeConsumer(batches)
+    producer = producer or FakeProducer()
+    redis = redis or FakeRedis()
+    created: list[list[str]] = []
+    splitter = Splitter(consumer, producer, redis, created.append, inbound_topic="inbound")
+    return splitter, consumer, producer, redis, created
+
+
+def test_plan_routes_each_message_and_commits_past_the_last_offset_per_partition() -> None:
+    messages = [FakeMessage(good(1, "Flickr"), 10), FakeMessage(b"{not json", 11),
+                FakeMessage(good(2, "met"), 5, partition=1), FakeMessage(None, 12),
+                FakeMessage(None, -1, error="broker hiccup")]
+    plan = plan_batch(messages, "inbound")
+    topics = [topic for topic, _, _ in plan.records]
+    assert topics == ["urls.flickr", contracts.REJECTED_TOPIC, "urls.met", contracts.REJECTED_TOPIC]
+    assert json.loads(plan.records[0][2])["source"] == "flickr" and plan.records[0][1] == "u-1"
+    rejected = json.loads(plan.records[1][2])
+    assert rejected["topic"] == "inbound" and rejected["raw"] == "{not json" and rejected["error"].startswith("not JSON")
+    assert (plan.split, plan.rejected, plan.sources) == (2, 2, {"flickr", "met"})
+    assert sorted((tp.topic, tp.partition, tp.offset) for tp in plan.offsets) == [("inbound", 0, 13), ("inbound", 1, 6)]
+
+
+def test_a_batch_is_produced_recorded_then_committed() -> None:
+    splitter, consumer, producer, redis, created = make([[FakeMessage(good(n), n) for n in range(3)]])
+    assert splitter.split_once(threading.Event()) == 3
+    assert [topic for topic, _, _ in producer.delivered] == ["urls.example"] * 3
+    assert created == [["urls.example"]]
+    assert consumer.commits == [[("inbound", 0, 3)]]
+    assert redis.smembers(contracts.INBOUND_SOURCES) == {"example"} and redis.get(contracts.NUM_SPLIT) == "3"
+
+
+def test_topics_are_created_once_per_process() -> None:
+    splitter, _, _, _, created = make([[FakeMessage(good(1), 1)], [FakeMessage(good(2), 2)]])
+    splitter.split_once(threading.Event())
+    splitter.split_once(threading.Event())
+    assert created == [["urls.example"]]
+
+
+def test_failed_deliveries_are_resent_before_the_commit() -> None:
+    producer = FakeProducer(fail_first=2, buffer_errors=3)
+    splitter, consumer, _, _, _ = make([[FakeMessage(good(n), n) for n in range(5)]], producer=producer)
+    splitter.split_once(threading.Event())
+    assert sorted(key for _, key, _ in producer.delivered) == [f"u-{n}" for n in range(5)]
+    assert consumer.commits == [[("inbound", 0, 5)]]
+
+
+def test_redis_down_is_waited_out_without_resending_or_skipping(monkeypatch) -> None:
+    redis = FakeRedis()
+    redis.fail_next = 2
+    splitter, consumer, producer, _, _ = make([[FakeMessage(good(1), 1)]], redis=redis)
+    monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: self.is_set())
+    splitter.split_once(threading.Event())
+    assert len(producer.delivered) == 1 and redis.get(contracts.NUM_SPLIT) == "1"
+    assert consumer.commits == [[("inbound", 0, 2)]]
+
+
+def test_stopping_during_a_failure_leaves_the_batch_uncommitted() -> None:
+    producer = FakeProducer(fail_first=1)
+    splitter, consumer, _, _, _ = make([[FakeMessage(good(1), 1)]], producer=producer)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Stopping):
+        splitter.split_once(stop)
+    assert consumer.commits == []
+
+
+def test_an_empty_poll_commits_nothing() -> None:
+    splitter, consumer, producer, _, _ = make([])
+    assert splitter.split_once(threading.Event()) == 0
+    assert consumer.commits == [] and producer.delivered == []
+
+
+def test_a_batch_of_only_rejects_still_commits(capsys) -> None:
+    splitter, consumer, producer, redis, _ = make([[FakeMessage(b"[]", 7)]])
+    splitter.split_once(threading.Event())
+    assert [topic for topic, _, _ in producer.delivered] == [contracts.REJECTED_TOPIC]
+    assert consumer.commits == [[("inbound", 0, 8)]] and redis.get(contracts.NUM_SPLIT) is None
+    assert json.loads(capsys.readouterr().out)["count"] == 1
