@@ -67,8 +67,9 @@ class MonitoringLog:
             "processing_rate": round(rate(contracts.NUM_RESIZED) + rate(contracts.RESIZE_ERRORS), 3),
             "success_rps": rate(contracts.NUM_RESIZED),
             "circuit_breaker_tripped": sorted(set(halted) | set(temp_halted)),
-            "num_resized": totals[contracts.NUM_RESIZED],
-            "resize_errors": totals[contracts.RESIZE_ERRORS],
+            # These two fields are named after the counters they report (SPEC 4).
+            contracts.NUM_RESIZED: totals[contracts.NUM_RESIZED],
+            contracts.RESIZE_ERRORS: totals[contracts.RESIZE_ERRORS],
             "split_rate": rate(contracts.NUM_SPLIT),
         }
         self.latest = log_event(contracts.EVENT_MONITORING_UPDATE, general=general, specific=specific)
