@@ -128,3 +128,16 @@ async def test_process_pool_analyzes_off_the_event_loop() -> None:
         assert (await pool.analyze(b"nope", TARGET)).error == UNIDENTIFIED
     finally:
         pool.close()
+
+
+async def test_pool_survives_a_crashed_process() -> None:
+    pool = ImagePool(processes=1)
+    try:
+        await pool.analyze(image_bytes("PNG"), TARGET)
+        for process in list(pool._executor._processes.values()):
+            process.kill()  # as the OOM killer would
+            process.join()
+        result = await pool.analyze(image_bytes("JPEG", (30, 20)), TARGET)
+        assert (result.width, result.height) == (30, 20)
+    finally:
+        pool.close()

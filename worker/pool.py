@@ -8,8 +8,11 @@ more in a fresh one, so one hostile file costs one error, not the worker.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -17,6 +20,7 @@ from common.jsonlog import log_event
 from worker.imaging import Analysis, analyze
 
 CRASHED = "ImageWorkerCrashed"
+_PR_SET_PDEATHSIG = 1
 
 
 def default_pool_size() -> int:
@@ -29,8 +33,10 @@ class ImagePool:
         self._executor = self._new_executor()
 
     def _new_executor(self) -> ProcessPoolExecutor:
-        # forkserver: forking a process that runs Kafka and event-loop threads is unsafe.
-        return ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("forkserver"))
+        # spawn: forking a process that runs Kafka and event-loop threads is unsafe, and a
+        # spawned child's parent is this process, so it can be told to die with it.
+        return ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_die_with_parent, initargs=(os.getpid(),))
 
     async def analyze(self, data: bytes, target_resolution: int) -> Analysis:
         loop = asyncio.get_running_loop()
@@ -47,3 +53,11 @@ class ImagePool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Pool initializer: a SIGKILLed worker must not leave its pool running (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
