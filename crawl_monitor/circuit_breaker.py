@@ -33,7 +33,7 @@ def surge_of_errors(statuses: list[str]) -> bool:
 
 def every_request_failed(last_statuses: list[str]) -> bool:
     """A full window of the last 50 requests, none of which went as expected."""
-    return (len(last_statuses) >= contracts.LAST_50_LENGTH
+    return (len(last_statuses) == contracts.LAST_50_LENGTH
             and not any(contracts.is_expected_status(status) for status in last_statuses))
 
 
@@ -63,7 +63,8 @@ class CircuitBreaker:
                 for prefix, length in contracts.STATUS_WINDOWS.items():
                     pipe.zremrangebyscore(contracts.status_window_key(prefix, source), "-inf", f"({now - length}")
                 pipe.zrangebyscore(contracts.one_minute_window_key(source), now - TEMP_HALT_WINDOW_SECONDS, "+inf")
-                pipe.lrange(contracts.last_50_key(source), 0, -1)
+                # Workers RPUSH: the newest statuses are at the right.
+                pipe.lrange(contracts.last_50_key(source), -contracts.LAST_50_LENGTH, -1)
             replies = await pipe.execute()
         per_source = len(contracts.STATUS_WINDOWS) + 2
         for index, source in enumerate(sources):

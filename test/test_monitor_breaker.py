@@ -108,6 +108,12 @@ async def test_fewer_than_fifty_failures_on_record_do_not_halt(redis) -> None:
     assert redis.store.smembers(contracts.HALTED) == set()
 
 
+async def test_an_untrimmed_list_is_judged_on_its_newest_fifty(redis) -> None:
+    redis.store.rpush(contracts.last_50_key("example"), "200", *["500"] * 50)  # a worker between RPUSH and LTRIM
+    await CircuitBreaker(redis).check(T0)
+    assert redis.store.smembers(contracts.HALTED) == {"example"}
+
+
 async def test_only_an_operator_lifts_a_permanent_halt(redis, capsys) -> None:
     breaker = CircuitBreaker(redis)
     record(redis, ["ServerDisconnected"] * 50, at=T0 - 3000)

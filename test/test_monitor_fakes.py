@@ -76,7 +76,8 @@ class FakeStore:
 
     def lrange(self, key: str, start: int, end: int) -> list[str]:
         values = self.data.get(key, [])
-        end = len(values) if end == -1 else end + 1
+        start = max(0, len(values) + start) if start < 0 else start
+        end = len(values) if end == -1 else (len(values) + end + 1 if end < 0 else end + 1)
         return list(values[start:end])
 
     def zadd(self, key: str, mapping: dict[str, float]) -> int:
@@ -256,5 +257,6 @@ def test_fake_store_follows_redis_semantics() -> None:
     assert store.zrangebyscore("z", "-inf", "+inf") == ["b:2", "c:3"]
     store.rpush("l", *"abc")
     assert store.lrange("l", 0, -1) == ["a", "b", "c"] and store.lrange("l", 0, 1) == ["a", "b"]
+    assert store.lrange("l", -2, -1) == ["b", "c"] and store.lrange("l", -50, -1) == ["a", "b", "c"]
     assert store.decr("missing") == -1
     assert store.sadd("s", "x", "y") == 2 and store.sadd("s", "x") == 0 and store.srem("s", "x") == 1

@@ -159,3 +159,22 @@ async def test_a_clean_stop_empties_the_buckets(redis) -> None:
 async def test_no_sources_no_writes(redis) -> None:
     assert await Regulator(redis).tick(T0) == {}
     assert redis.store.data == {}
+
+
+async def test_the_tick_loop_outlives_a_failing_tick(capsys) -> None:
+    import asyncio
+
+    from crawl_monitor.periodic import every
+    calls = []
+
+    async def step() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("Redis is away")
+
+    task = asyncio.create_task(every(0.01, step, "regulator"))
+    while len(calls) < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    errors = events(capsys, "monitor_component_error")
+    assert len(errors) == 1 and errors[0]["component"] == "regulator" and "Redis is away" in errors[0]["error"]
