@@ -28,6 +28,7 @@ from crawl_monitor.constants import (EVENT_COMPONENT_ERROR, EVENT_MESSAGES_REJEC
                                      SPLIT_POLL_SECONDS, SPLIT_STOP_SECONDS)
 
 Record = tuple[str, Any, bytes]  # topic, key, value
+_REFUSED_TOPIC_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
 
 
 class Stopping(Exception):
@@ -87,6 +88,7 @@ class Splitter:
         self._batch_size = batch_size
         self._poll_seconds = poll_seconds
         self._ready_topics = {contracts.REJECTED_TOPIC}
+        self._refused: dict[str, str] = {}  # topic -> why Kafka will not create it
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -114,11 +116,36 @@ class Splitter:
             self._producer.flush(1.0)
             self._redis.close()
 
+    def _prepare_topics(self, plan: SplitPlan) -> None:
+        """Create the batch's new source topics; reject the messages of a topic Kafka refuses.
+
+        A refused name (``urls.a_b`` collides with ``urls.a.b`` on Kafka) is bad
+        input: retrying it forever would stall every other source behind it.
+        """
+        for topic in sorted({topic for topic, _, _ in plan.records} - self._ready_topics - set(self._refused)):
+            try:
+                self._create_topics([topic])
+            except KafkaException as exc:
+                if exc.args[0].code() not in _REFUSED_TOPIC_ERRORS:
+                    raise  # the broker is away: retry the batch
+                self._refused[topic] = f"Kafka refuses topic {topic}: {exc.args[0].str()}"
+                continue
+            self._ready_topics.add(topic)
+        if any(topic in self._refused for topic, _, _ in plan.records):
+            records, plan.records = plan.records, []
+            for topic, key, value in records:
+                reason = self._refused.get(topic)
+                if reason:
+                    topic, key = contracts.REJECTED_TOPIC, None
+                    value = contracts.rejected_message(self._inbound_topic, value, reason)
+                    plan.split, plan.rejected = plan.split - 1, plan.rejected + 1
+                    plan.first_rejection = plan.first_rejection or reason
+                plan.records.append((topic, key, value))
+            plan.sources = {contracts.source_of_topic(topic) for topic, _, _ in plan.records
+                            if topic != contracts.REJECTED_TOPIC}
+
     def _deliver(self, plan: SplitPlan, stop: threading.Event) -> None:
-        new_topics = {topic for topic, _, _ in plan.records} - self._ready_topics
-        if new_topics:
-            self._create_topics(sorted(new_topics))
-            self._ready_topics |= new_topics
+        self._prepare_topics(plan)
         pending = plan.records
         while pending:
             failed: list[Record] = []

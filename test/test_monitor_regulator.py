@@ -1,12 +1,14 @@
 """The token buckets (SPEC 3), driven tick by tick with a fake clock and a fake Redis."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from common import contracts
 from crawl_monitor.constants import BUCKET_TTL_SECONDS, MAX_RETRY_AFTER_SECONDS
+from crawl_monitor.periodic import every
 from crawl_monitor.regulator import Regulator
 from test.test_monitor_fakes import FakeAsyncRedis
 
@@ -162,9 +164,6 @@ async def test_no_sources_no_writes(redis) -> None:
 
 
 async def test_the_tick_loop_outlives_a_failing_tick(capsys) -> None:
-    import asyncio
-
-    from crawl_monitor.periodic import every
     calls = []
 
     async def step() -> None:

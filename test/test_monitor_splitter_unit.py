@@ -5,6 +5,7 @@ import json
 import threading
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from common import contracts
 from crawl_monitor.splitter import Splitter, Stopping, plan_batch
@@ -94,3 +95,35 @@ def test_a_batch_of_only_rejects_still_commits(capsys) -> None:
     assert [topic for topic, _, _ in producer.delivered] == [contracts.REJECTED_TOPIC]
     assert consumer.commits == [[("inbound", 0, 8)]] and redis.get(contracts.NUM_SPLIT) is None
     assert json.loads(capsys.readouterr().out)["count"] == 1
+
+
+def test_a_topic_kafka_refuses_sends_its_messages_to_rejected_and_the_rest_on() -> None:
+    def create(topics: list[str]) -> None:
+        if topics == ["urls.a.b"]:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_EXCEPTION, "collides with urls.a_b"))
+
+    batch = [FakeMessage(good(1, "a.b"), 1), FakeMessage(good(2, "fine"), 2), FakeMessage(good(3, "a.b"), 3)]
+    consumer, producer, redis = FakeConsumer([batch, [FakeMessage(good(4, "a.b"), 4)]]), FakeProducer(), FakeRedis()
+    splitter = Splitter(consumer, producer, redis, create, inbound_topic="inbound")
+    assert splitter.split_once(threading.Event()) == 1
+    assert splitter.split_once(threading.Event()) == 0
+    assert [topic for topic, _, _ in producer.delivered] == [
+        contracts.REJECTED_TOPIC, "urls.fine", contracts.REJECTED_TOPIC, contracts.REJECTED_TOPIC]
+    assert "refuses topic urls.a.b" in json.loads(producer.delivered[0][2])["error"]
+    assert redis.smembers(contracts.INBOUND_SOURCES) == {"fine"} and redis.get(contracts.NUM_SPLIT) == "1"
+    assert consumer.commits == [[("inbound", 0, 4)], [("inbound", 0, 5)]]
+
+
+def test_a_broker_that_is_away_during_topic_creation_retries_the_batch(monkeypatch) -> None:
+    attempts = []
+
+    def create(topics: list[str]) -> None:
+        attempts.append(topics)
+        if len(attempts) == 1:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+    monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: self.is_set())
+    consumer, producer, redis = FakeConsumer([[FakeMessage(good(1), 1)]]), FakeProducer(), FakeRedis()
+    Splitter(consumer, producer, redis, create, inbound_topic="inbound").split_once(threading.Event())
+    assert attempts == [["urls.example"], ["urls.example"]]
+    assert [topic for topic, _, _ in producer.delivered] == ["urls.example"]
