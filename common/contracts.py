@@ -134,6 +134,16 @@ REASON_FORBIDDEN_ADDRESS = "ForbiddenAddress"
 # The monitor's HTTP server (issue 7).
 EVENT_HTTP_API_STARTED = "http_api_started"
 EVENT_HTTP_API_ERROR = "http_api_error"
+# The monitor's own diagnostics and the TSV producer (issue 3).
+EVENT_MONITOR_STARTED = "monitor_started"
+EVENT_MONITOR_STOPPED = "monitor_stopped"
+EVENT_MONITOR_COMPONENT_ERROR = "monitor_component_error"
+EVENT_SOURCES_LOADED = "sources_loaded"
+EVENT_SOURCES_UNAVAILABLE = "sources_unavailable"
+EVENT_REDIS_VALUE_IGNORED = "redis_value_ignored"
+EVENT_MESSAGES_REJECTED = "messages_rejected"
+EVENT_TSV_BAD_ROW = "tsv_bad_row"
+EVENT_TSV_PRODUCED = "tsv_produced"
 
 
 def utc_now_iso() -> str:
