@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import time
 from collections import deque
 from contextlib import suppress
@@ -102,17 +101,17 @@ def _count(value: bytes | str | None) -> int:
     return int(number) if number is not None else 0
 
 
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-async def _read_errors(redis: Redis, source: str) -> dict[str, int]:
-    prefix = errors_key(source, "")
-    keys = [_text(k) async for k in redis.scan_iter(match=errors_key(_glob_escape(source), "*"), count=500)]
-    if not keys:
-        return {}
-    values = await redis.mget(keys)
-    return {key[len(prefix):]: _count(v) for key, v in sorted(zip(keys, values))}
+async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, int]]:
+    """Failures by status: one SCAN for all sources, since SCAN walks the whole
+    keyspace whatever it matches. Statuses never contain ':'."""
+    owner = {errors_key(source): source for source in sources}
+    keys = [_text(k) async for k in redis.scan_iter(match=errors_key("*", "*"), count=1000)]
+    keys = sorted(k for k in keys if k.rpartition(":")[0] in owner)
+    errors: dict[str, dict[str, int]] = {source: {} for source in sources}
+    for key, value in zip(keys, await redis.mget(keys) if keys else []):
+        prefix, _, status = key.rpartition(":")
+        errors[owner[prefix]][status] = _count(value)
+    return errors
 
 
 async def read_sources(redis: Redis) -> dict[str, SourceState]:
@@ -126,12 +125,13 @@ async def read_sources(redis: Redis) -> dict[str, SourceState]:
                     override_rate_key(source), tokens_key(source)):
             pipe.get(key)
     values = await pipe.execute()
+    errors = await _read_errors(redis, sources)
     states = {}
     for i, source in enumerate(sources):
         requests, successes, rate, override, tokens = values[5 * i:5 * i + 5]
         states[source] = SourceState(
             requests=_count(requests), successes=_count(successes),
-            errors=await _read_errors(redis, source),
+            errors=errors[source],
             rate_limit=_number(rate), override=_number(override),
             tokens=None if _number(tokens) is None else int(_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,

@@ -32,6 +32,7 @@ async def seed(redis) -> None:
         c.errors_key("phylopic", "500"): 50, c.rate_limit_key("phylopic"): 0.2,
         c.tokens_key("phylopic"): 0,
         c.errors_key("flickr"): 22,  # the per-source total is not a status
+        c.errors_key("retired", "500"): 9,  # nor is a source no longer in inbound_sources
     })
 
 
@@ -89,6 +90,7 @@ async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
     assert [value("crawler_source_temp_halted", s) for s in ("flickr", "animaldiversity", "phylopic")] == [0, 1, 0]
     error_statuses = {dict(k[1])["status"] for k in samples if k[0] == "crawler_source_errors_total"}
     assert error_statuses == {"500", "Timeout", "503"}
+    assert not any(dict(k[1]).get("source") == "retired" for k in samples)
 
 
 async def test_metrics_answer_503_when_redis_is_down() -> None:
