@@ -7,9 +7,11 @@ state of its own except one hour of samples for the dashboard's chart.
 
 Wiring it into the monitor's main::
 
-    runner = await start_http_api(settings, redis, lambda: monitor.latest_update)
-    ...
-    await runner.cleanup()   # stops the server and the sampler
+    runner = await start_http_api(settings, redis, lambda: monitoring.latest)
+    try:
+        ...                      # the components
+    finally:
+        await runner.cleanup()   # stops the server and the sampler
 
 ``start_http_api(settings_or_port, redis, latest_update, *, host="0.0.0.0",
 sample_every=5.0) -> aiohttp.web.AppRunner``. ``settings_or_port`` is a
@@ -21,8 +23,11 @@ free port: read it from ``runner.addresses[0][1]``). ``redis`` is a
 
 Endpoints:
 
-- ``/metrics``: Prometheus text format, per source in ``inbound_sources``:
-  requests, successes, errors by status, rate limit, tokens, halts.
+- ``/metrics``: Prometheus text format, per source in ``inbound_sources``
+  (label ``source``): ``crawler_source_requests_total``,
+  ``crawler_source_successes_total``, ``crawler_source_errors_total`` (label
+  ``status``), ``crawler_source_rate_limit_rps``, ``crawler_source_tokens``,
+  ``crawler_source_halted``, ``crawler_source_temp_halted`` (0 or 1).
 - ``/status``: the latest ``monitoring_update`` as JSON (its own keys
   unchanged; ``event`` is null before the first one), plus ``sources`` (the
   live per-source state from Redis, with the achieved request rate) and
