@@ -42,6 +42,7 @@ def headless_chromium() -> Iterator[webdriver.Chrome]:
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 f"--user-data-dir={profile}", "--window-size=1440,1100"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     try:
         yield driver
@@ -87,6 +88,8 @@ def load_dashboard(url: str, screenshot: Path) -> dict:
         general = driver.find_element(By.ID, "general").text
         banner_hidden = driver.find_element(By.ID, "banner").get_attribute("hidden") is not None
         driver.save_screenshot(str(screenshot))
+        console_errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert console_errors == []
     return {"rows": rows, "polylines": polylines, "general": general, "banner_hidden": banner_hidden}
 
 

@@ -94,7 +94,7 @@ function renderGeneral(update, sources) {
     ["Max req/s allowed", fmt(g.global_max_rps)], ["Successes/s", fmt(g.success_rps, 2)],
     ["Errors/s", fmt(g.error_rps, 2), g.error_rps > 0], ["Processing/s", fmt(g.processing_rate, 2)],
     ["Resized", fmt(g.num_resized, 0)], ["Errors", fmt(g.resize_errors, 0)],
-    ["Split/s", fmt(g.split_rate, 1)], ["Halted", halted.length ? halted.join(", ") : "none", halted.length],
+    ["Split/s", fmt(g.split_rate, 1)], ["Halted", !sources ? "–" : halted.length ? halted.join(", ") : "none", halted.length],
   ];
   document.getElementById("general").replaceChildren(...cards.map(([label, value, bad]) =>
     el("div", { class: bad ? "card bad" : "card" }, el("div", { class: "label" }, label),
