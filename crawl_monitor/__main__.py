@@ -16,12 +16,12 @@ from typing import Any, Coroutine
 import aiohttp
 import redis.asyncio as aioredis
 
+from common.contracts import EVENT_MONITOR_COMPONENT_ERROR, EVENT_MONITOR_STARTED, EVENT_MONITOR_STOPPED
 from common.jsonlog import log_event
 from common.settings import Settings, load_settings
 from crawl_monitor import splitter
 from crawl_monitor.circuit_breaker import CircuitBreaker
-from crawl_monitor.constants import (BREAKER_CHECK_SECONDS, EVENT_MONITOR_STARTED, EVENT_MONITOR_STOPPED,
-                                     MONITORING_INTERVAL_SECONDS, TICK_SECONDS)
+from crawl_monitor.constants import BREAKER_CHECK_SECONDS, MONITORING_INTERVAL_SECONDS, TICK_SECONDS
 from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.periodic import every
 from crawl_monitor.regulator import Regulator
@@ -45,7 +45,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     monitoring = MonitoringLog(redis)
     # One entry per component; the dashboard joins here with ``lambda: monitoring.latest``.
     components: dict[str, Coroutine[Any, Any, None]] = {
-        "splitter": splitter.run_splitter(lambda: splitter.connect(settings)),
+        "splitter": splitter.run_splitter(lambda: splitter.connect(settings), settings.shutdown_timeout),
         "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
         "regulator": every(TICK_SECONDS, lambda: regulator.tick(time.time()), "regulator"),
         "circuit_breaker": every(BREAKER_CHECK_SECONDS, lambda: breaker.check(time.time()), "circuit_breaker"),
@@ -63,7 +63,8 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
         try:
             await regulator.empty_buckets()
         except Exception as exc:  # noqa: BLE001 - the keys expire on their own within seconds
-            log_event(EVENT_MONITOR_STOPPED, error=f"could not empty the buckets: {exc}")
+            log_event(EVENT_MONITOR_COMPONENT_ERROR, component="regulator",
+                      error=f"could not empty the buckets: {exc}")
         await session.close()
         await redis.aclose()
         for signum in (signal.SIGTERM, signal.SIGINT):

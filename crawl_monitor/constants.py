@@ -1,7 +1,7 @@
 """The monitor's tunables, in one place so that a policy change is a one-line diff.
 
-SPEC names (topics, Redis keys, SPEC events) live in ``common.contracts``;
-this module holds only the numbers and the monitor's own diagnostic events.
+Names (topics, Redis keys, log events) live in ``common.contracts``; this
+module holds only the numbers.
 """
 from __future__ import annotations
 
@@ -38,18 +38,3 @@ SPLIT_BATCH_SIZE = 5_000            # one flush and one commit per batch: the th
 SPLIT_POLL_SECONDS = 0.5
 SPLIT_FLUSH_SECONDS = 10.0
 SPLIT_MAX_BACKOFF_SECONDS = 30.0
-SPLIT_STOP_SECONDS = 20.0           # then give up: the batch is uncommitted, so it is re-split
-
-# --- The monitor's own diagnostic events (not part of the SPEC).
-EVENT_SOURCES_LOADED = "sources_loaded"
-EVENT_SOURCES_UNAVAILABLE = "sources_unavailable"
-EVENT_OVERRIDE_INVALID = "override_rate_invalid"
-EVENT_RETRY_AFTER_INVALID = "retry_after_invalid"
-EVENT_COMPONENT_ERROR = "monitor_component_error"
-EVENT_MESSAGES_REJECTED = "messages_rejected"
-EVENT_SPLIT_RETRY = "split_batch_retry"
-EVENT_SPLITTER_STOPPED = "splitter_stopped"
-EVENT_MONITOR_STARTED = "monitor_started"
-EVENT_MONITOR_STOPPED = "monitor_stopped"
-EVENT_TSV_BAD_ROW = "tsv_bad_row"
-EVENT_TSV_DONE = "tsv_produced"

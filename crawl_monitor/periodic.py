@@ -5,7 +5,7 @@ import asyncio
 from typing import Any, Awaitable, Callable
 
 from common.jsonlog import log_event
-from crawl_monitor.constants import EVENT_COMPONENT_ERROR
+from common.contracts import EVENT_MONITOR_COMPONENT_ERROR
 
 
 async def every(seconds: float, step: Callable[[], Awaitable[Any]], component: str) -> None:
@@ -22,7 +22,7 @@ async def every(seconds: float, step: Callable[[], Awaitable[Any]], component: s
         try:
             await step()
         except Exception as exc:  # noqa: BLE001 - one failure must not end the monitor
-            log_event(EVENT_COMPONENT_ERROR, component=component, error=f"{type(exc).__name__}: {exc}")
+            log_event(EVENT_MONITOR_COMPONENT_ERROR, component=component, error=f"{type(exc).__name__}: {exc}")
         next_run += seconds
         delay = next_run - loop.time()
         if delay < 0:

@@ -14,9 +14,8 @@ from typing import Any
 
 from common import contracts
 from common.jsonlog import log_event
-from crawl_monitor.constants import (BUCKET_TTL_SECONDS, EVENT_OVERRIDE_INVALID,
-                                     EVENT_RETRY_AFTER_INVALID, MAX_RETRY_AFTER_SECONDS,
-                                     RATE_LIMIT_TTL_SECONDS, UNKNOWN_SOURCE_REPORT_SECONDS)
+from crawl_monitor.constants import (BUCKET_TTL_SECONDS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
+                                     UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
 
 # Float sums such as 0.1 * 10 land a hair under the whole number they mean.
@@ -100,7 +99,7 @@ class Regulator:
         return tokens
 
     def _configured_rate(self, source: str, override: str | None) -> float | None:
-        rate = self._number(contracts.override_rate_key(source), source, override, EVENT_OVERRIDE_INVALID)
+        rate = self._number(contracts.override_rate_key(source), source, override)
         if rate is None:
             rate = self._computed.get(source)
         if rate is not None:
@@ -123,8 +122,7 @@ class Regulator:
             return False
         known = self._pauses.get(source)
         if known is None or known[0] != retry_after:
-            until = self._number(contracts.retry_after_key(source), source, retry_after,
-                                 EVENT_RETRY_AFTER_INVALID)
+            until = self._number(contracts.retry_after_key(source), source, retry_after)
             if until is None:
                 return False
             # Capped when first seen, so a far-future value cannot stop a source for good.
@@ -136,7 +134,7 @@ class Regulator:
                           until=datetime.fromtimestamp(until, timezone.utc).isoformat())
         return self._pauses[source][1] > now
 
-    def _number(self, key: str, source: str, raw: str | None, bad_event: str) -> float | None:
+    def _number(self, key: str, source: str, raw: str | None) -> float | None:
         """A non-negative finite float from an operator- or worker-written key; else report once."""
         if raw is None:
             self._reported_bad.pop(key, None)
@@ -150,6 +148,6 @@ class Regulator:
             return value
         if self._reported_bad.get(key) != raw:
             self._reported_bad[key] = raw
-            log_event(bad_event, source=source, key=key, value=str(raw)[:100],
+            log_event(contracts.EVENT_REDIS_VALUE_IGNORED, source=source, key=key, value=str(raw)[:100],
                       msg="not a non-negative number: ignored")
         return None

@@ -13,9 +13,10 @@ from typing import Any, Callable
 import aiohttp
 
 from common.jsonlog import log_event
-from crawl_monitor.constants import (EVENT_SOURCES_LOADED, EVENT_SOURCES_UNAVAILABLE, LARGE_SOURCE_IMAGES,
-                                     LARGE_SOURCE_RATE, SMALL_SOURCE_IMAGES, SMALL_SOURCE_RATE,
-                                     SOURCES_FETCH_TIMEOUT, SOURCES_REFRESH_SECONDS, SOURCES_RETRY_SECONDS)
+from common.contracts import EVENT_SOURCES_LOADED, EVENT_SOURCES_UNAVAILABLE
+from crawl_monitor.constants import (LARGE_SOURCE_IMAGES, LARGE_SOURCE_RATE, SMALL_SOURCE_IMAGES,
+                                     SMALL_SOURCE_RATE, SOURCES_FETCH_TIMEOUT, SOURCES_REFRESH_SECONDS,
+                                     SOURCES_RETRY_SECONDS)
 
 
 class SourcesUnavailable(Exception):

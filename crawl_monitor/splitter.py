@@ -22,13 +22,15 @@ from common import contracts
 from common.jsonlog import log_event
 from common.kafka import consumer_config, ensure_topics, producer_config
 from common.settings import Settings
-from crawl_monitor.constants import (EVENT_COMPONENT_ERROR, EVENT_MESSAGES_REJECTED,
-                                     EVENT_SPLIT_RETRY, EVENT_SPLITTER_STOPPED,
-                                     SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
-                                     SPLIT_POLL_SECONDS, SPLIT_STOP_SECONDS)
+from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
+                                     SPLIT_POLL_SECONDS)
 
 Record = tuple[str, Any, bytes]  # topic, key, value
 _REFUSED_TOPIC_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
+
+
+def _report(error: str, **fields: Any) -> None:
+    log_event(contracts.EVENT_MONITOR_COMPONENT_ERROR, component="splitter", error=error, **fields)
 
 
 class Stopping(Exception):
@@ -53,7 +55,7 @@ def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
     next_offsets: dict[tuple[str, int], int] = {}
     for message in messages:
         if message.error() is not None:
-            log_event(EVENT_COMPONENT_ERROR, component="splitter", error=str(message.error()))
+            _report(str(message.error()))
             continue
         next_offsets[(message.topic(), message.partition())] = message.offset() + 1
         raw = message.value()
@@ -104,7 +106,7 @@ class Splitter:
         self._retry_until_done(lambda: self._record(plan), stop)
         self._commit(plan.offsets)
         if plan.rejected:
-            log_event(EVENT_MESSAGES_REJECTED, topic=self._inbound_topic, count=plan.rejected,
+            log_event(contracts.EVENT_MESSAGES_REJECTED, topic=self._inbound_topic, count=plan.rejected,
                       first_reason=plan.first_rejection)
         return plan.split
 
@@ -161,7 +163,7 @@ class Splitter:
                     raise Stopping()
             if failed:
                 # Resend only what failed: whatever was acknowledged stays acknowledged.
-                log_event(EVENT_SPLIT_RETRY, error=f"{len(failed)} of {len(pending)} messages not acknowledged")
+                _report(f"{len(failed)} of {len(pending)} messages not acknowledged; resending them")
                 if stop.wait(1.0):
                     raise Stopping()
             pending = failed
@@ -194,7 +196,7 @@ class Splitter:
             except Stopping:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: same batch again, never skip it
-                log_event(EVENT_SPLIT_RETRY, error=f"{type(exc).__name__}: {exc}", retry_in=delay)
+                _report(f"{type(exc).__name__}: {exc}", retry_in=delay)
             if stop.wait(delay):
                 raise Stopping()
             delay = min(delay * 2, SPLIT_MAX_BACKOFF_SECONDS)
@@ -207,7 +209,7 @@ class Splitter:
         except KafkaException as exc:
             # Typically a rebalance took the partitions: their new owner re-splits from the
             # last commit. Duplicates, never losses.
-            log_event(EVENT_COMPONENT_ERROR, component="splitter", error=f"commit failed: {exc}")
+            _report(f"commit failed: {exc}")
 
 
 def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
@@ -224,7 +226,7 @@ def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
                     inbound_topic=inbound_topic, batch_size=batch_size)
 
 
-async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: float = SPLIT_STOP_SECONDS) -> None:
+async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: float) -> None:
     """Run the splitter on its own thread until cancelled; reconnect after a failure.
 
     On cancellation the current batch is finished (or abandoned uncommitted)
@@ -247,11 +249,9 @@ async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: floa
             except Stopping:
                 break
             except Exception as exc:  # noqa: BLE001 - reconnect rather than stop splitting
-                log_event(EVENT_COMPONENT_ERROR, component="splitter", error=f"{type(exc).__name__}: {exc}",
-                          retry_in=delay)
+                _report(f"{type(exc).__name__}: {exc}", retry_in=delay)
                 stop.wait(delay)
                 delay = min(delay * 2, SPLIT_MAX_BACKOFF_SECONDS)
-        log_event(EVENT_SPLITTER_STOPPED)
         try:
             loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(None))
         except RuntimeError:  # the loop is gone already
@@ -266,5 +266,4 @@ async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: floa
             try:
                 await asyncio.wait_for(asyncio.shield(finished), stop_seconds)
             except asyncio.TimeoutError:
-                log_event(EVENT_COMPONENT_ERROR, component="splitter",
-                          error="did not stop in time; its uncommitted batch will be re-split")
+                _report("did not stop in time; its uncommitted batch will be re-split")

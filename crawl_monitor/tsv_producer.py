@@ -22,7 +22,6 @@ from common import contracts
 from common.jsonlog import log_event
 from common.kafka import ensure_topics, producer_config
 from common.settings import load_settings
-from crawl_monitor.constants import EVENT_TSV_BAD_ROW, EVENT_TSV_DONE
 
 COLUMNS = ("url", "identifier", "source")
 
@@ -85,7 +84,7 @@ def produce_file(path: Path, hosts: str, partitions: int) -> dict[str, int]:
             progress.update(1)
             if message is None:
                 counts["bad_rows"] += 1
-                log_event(EVENT_TSV_BAD_ROW, file=str(path), line=line, error=reason)
+                log_event(contracts.EVENT_TSV_BAD_ROW, file=str(path), line=line, error=reason)
                 continue
             while True:
                 try:
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BadFile, OSError, KafkaException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log_event(EVENT_TSV_DONE, file=str(args.file), delivered=counts["sent"] - counts["failed"], **counts)
+    log_event(contracts.EVENT_TSV_PRODUCED, file=str(args.file), delivered=counts["sent"] - counts["failed"], **counts)
     return 1 if counts["failed"] else 0
 
 

@@ -84,7 +84,7 @@ async def test_an_unparsable_override_is_reported_once_and_ignored(redis, capsys
     regulator = regulator_with(redis, example=5_000)
     await redis.set(contracts.override_rate_key("example"), bad)
     assert await run_ticks(regulator, "example", 3) == [1, 1, 1]
-    reported = events(capsys, "override_rate_invalid")
+    reported = events(capsys, "redis_value_ignored")
     assert len(reported) == 1 and reported[0]["source"] == "example"
 
 
@@ -147,7 +147,7 @@ async def test_a_new_retry_after_while_paused_extends_without_a_second_event(red
     assert len(events(capsys, contracts.EVENT_RETRY_AFTER)) == 1
     await redis.set(contracts.retry_after_key("example"), "soon")  # garbage: ignored, reported
     assert (await regulator.tick(T0 + 21))["example"] == 200
-    assert len(events(capsys, "retry_after_invalid")) == 1
+    assert len(events(capsys, "redis_value_ignored")) == 1
 
 
 async def test_a_clean_stop_empties_the_buckets(redis) -> None:
