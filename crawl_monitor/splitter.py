@@ -62,14 +62,18 @@ def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
         try:
             request = contracts.parse_crawl_request(raw)
         except contracts.InvalidMessage as exc:
-            plan.records.append((contracts.REJECTED_TOPIC, None, contracts.rejected_message(inbound_topic, raw, str(exc))))
-            plan.rejected += 1
-            plan.first_rejection = plan.first_rejection or str(exc)
+            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on deep nesting: still bad input
+            reason = f"cannot be parsed: {type(exc).__name__}"
+        else:
+            # Keyed by uuid: a source's URLs spread over all its partitions, hence over all workers.
+            plan.records.append((contracts.source_topic(request.source), request.uuid, request.to_json()))
+            plan.sources.add(request.source)
+            plan.split += 1
             continue
-        # Keyed by uuid: a source's URLs spread over all its partitions, hence over all workers.
-        plan.records.append((contracts.source_topic(request.source), request.uuid, request.to_json()))
-        plan.sources.add(request.source)
-        plan.split += 1
+        plan.records.append((contracts.REJECTED_TOPIC, None, contracts.rejected_message(inbound_topic, raw, reason)))
+        plan.rejected += 1
+        plan.first_rejection = plan.first_rejection or reason
     plan.offsets = [TopicPartition(topic, partition, offset)
                     for (topic, partition), offset in next_offsets.items()]
     return plan

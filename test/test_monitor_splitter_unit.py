@@ -28,15 +28,16 @@ def make(batches, producer=None, redis=None):
 def test_plan_routes_each_message_and_commits_past_the_last_offset_per_partition() -> None:
     messages = [FakeMessage(good(1, "Flickr"), 10), FakeMessage(b"{not json", 11),
                 FakeMessage(good(2, "met"), 5, partition=1), FakeMessage(None, 12),
-                FakeMessage(None, -1, error="broker hiccup")]
+                FakeMessage(None, -1, error="broker hiccup"), FakeMessage(b"[" * 100_000, 13)]
     plan = plan_batch(messages, "inbound")
     topics = [topic for topic, _, _ in plan.records]
-    assert topics == ["urls.flickr", contracts.REJECTED_TOPIC, "urls.met", contracts.REJECTED_TOPIC]
+    assert topics == ["urls.flickr", contracts.REJECTED_TOPIC, "urls.met"] + [contracts.REJECTED_TOPIC] * 2
     assert json.loads(plan.records[0][2])["source"] == "flickr" and plan.records[0][1] == "u-1"
     rejected = json.loads(plan.records[1][2])
     assert rejected["topic"] == "inbound" and rejected["raw"] == "{not json" and rejected["error"].startswith("not JSON")
-    assert (plan.split, plan.rejected, plan.sources) == (2, 2, {"flickr", "met"})
-    assert sorted((tp.topic, tp.partition, tp.offset) for tp in plan.offsets) == [("inbound", 0, 13), ("inbound", 1, 6)]
+    assert json.loads(plan.records[4][2])["error"] == "cannot be parsed: RecursionError"  # deep nesting
+    assert (plan.split, plan.rejected, plan.sources) == (2, 3, {"flickr", "met"})
+    assert sorted((tp.topic, tp.partition, tp.offset) for tp in plan.offsets) == [("inbound", 0, 14), ("inbound", 1, 6)]
 
 
 def test_a_batch_is_produced_recorded_then_committed() -> None:
