@@ -59,12 +59,14 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     finally:
         for task in (stopping, *tasks):
             task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        # The crawl stops first; the splitter may take a moment to finish its batch.
+        await asyncio.gather(tasks[list(components).index("regulator")], return_exceptions=True)
         try:
             await regulator.empty_buckets()
-        except Exception as exc:  # noqa: BLE001 - the keys expire on their own within seconds
+        except Exception as exc:  # noqa: BLE001 - the keys expire on their own within 2 s
             log_event(EVENT_MONITOR_COMPONENT_ERROR, component="regulator",
                       error=f"could not empty the buckets: {exc}")
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         await session.close()
         await redis.aclose()
         for signum in (signal.SIGTERM, signal.SIGINT):

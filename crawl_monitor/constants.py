@@ -17,9 +17,10 @@ SOURCES_FETCH_TIMEOUT = 30.0
 
 # --- Token buckets.
 TICK_SECONDS = 1.0
-# A bucket outlives its tick by one second only: a dead monitor leaves no
-# tokens behind, and a worker's DECR on the missing key reads -1 (fail closed).
-BUCKET_TTL_SECONDS = 2
+# A bucket outlives its tick by half a second only: a dead monitor leaves no
+# tokens behind within 2 s, and a worker's DECR on the missing key reads -1
+# (fail closed). The cost: a tick more than 0.5 s late pauses the crawl briefly.
+BUCKET_TTL_MS = 1500
 RATE_LIMIT_TTL_SECONDS = 10
 MAX_RETRY_AFTER_SECONDS = 60 * 60   # a Retry-After further away than this is capped
 UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60

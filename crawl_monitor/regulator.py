@@ -14,7 +14,7 @@ from typing import Any
 
 from common import contracts
 from common.jsonlog import log_event
-from crawl_monitor.constants import (BUCKET_TTL_SECONDS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
+from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
                                      UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
 
@@ -76,7 +76,7 @@ class Regulator:
 
         async with self._redis.pipeline(transaction=False) as pipe:
             for source, tokens in grants.items():
-                pipe.set(contracts.tokens_key(source), tokens, ex=BUCKET_TTL_SECONDS)
+                pipe.set(contracts.tokens_key(source), tokens, px=BUCKET_TTL_MS)
                 pipe.set(contracts.rate_limit_key(source), rates[source], ex=RATE_LIMIT_TTL_SECONDS)
             await pipe.execute()
         self.rates = rates

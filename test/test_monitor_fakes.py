@@ -34,12 +34,13 @@ class FakeStore:
     def get(self, key: str) -> str | None:
         return self.data.get(key)
 
-    def set(self, key: str, value: Any, ex: int | None = None) -> bool:
+    def set(self, key: str, value: Any, ex: int | None = None, px: int | None = None) -> bool:
+        """Records the expiry in seconds."""
         self.data[key] = str(value)
-        if ex is None:
+        if ex is None and px is None:
             self.expiry.pop(key, None)
         else:
-            self.expiry[key] = ex
+            self.expiry[key] = ex if ex is not None else px / 1000
         return True
 
     def mget(self, keys: list[str]) -> list[str | None]:

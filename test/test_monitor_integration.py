@@ -253,6 +253,7 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
     monitor = MonitorProcess({**stack_env, "SOURCES_URL": str(sources)})
     try:
         wait_for(lambda: redis.get(contracts.tokens_key(source)) == "200", what="the computed rate")
+        assert 0 < redis.pttl(contracts.tokens_key(source)) <= 2000  # a killed monitor leaves no tokens for long
         # A URL for the source goes through the monitor's own splitter.
         produce(kafka_hosts, contracts.INBOUND_TOPIC, [json.dumps(
             {"url": "https://op.example/1.jpg", "uuid": f"{unique}-1", "source": source.upper()}).encode()])
