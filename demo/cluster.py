@@ -32,6 +32,7 @@ class Child:
     env: Mapping[str, str]
     log_path: Path
     process: subprocess.Popen | None = field(default=None, repr=False)
+    stopped: bool = False  # stopped on purpose: its exit is not a death
 
     def start(self) -> "Child":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,6 +57,12 @@ class Child:
                 os.killpg(self.pid, signum)
             except ProcessLookupError:
                 pass
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_GRACE) -> int | None:
+        """Stop it on purpose (a fault test's SIGKILL, say); returns its exit code."""
+        self.stopped = True
+        self.signal(signum)
+        return self.wait(timeout)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -104,12 +111,14 @@ class Cluster:
 
     def died(self) -> list[Child]:
         """Children that exited although nobody stopped them."""
-        return [c for c in self.children if c.process is not None and c.process.poll() is not None]
+        return [c for c in self.children
+                if not c.stopped and c.process is not None and c.process.poll() is not None]
 
     @staticmethod
     def stop_children(children: list[Child], grace: float = STOP_GRACE) -> dict[str, int | None]:
         """SIGTERM them all at once, wait ``grace``, SIGKILL what is left; exit codes by name."""
         for child in children:
+            child.stopped = True
             child.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         codes = {}

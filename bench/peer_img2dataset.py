@@ -1,0 +1,162 @@
+"""This crawler against img2dataset on one URL list of the simulated web, side by side.
+
+Run by hand: ``.venv/bin/python -m bench.peer_img2dataset [--urls 2000]``. img2dataset
+lives in its own venv (``bench/.venv-img2dataset``, made on first use with
+``python3 -m venv`` and pip) because its dependencies clash with ours.
+
+Both get the same photos (scikit-image samples, 120-1600 px, every format)
+behind the same 10 loopback sites with 50 ms latency, two processes each,
+and produce the same output: JPEG quality 85, at most 640 px on the longer
+side. This crawler runs with every politeness rule on (robots.txt, per-host
+cap, token buckets at 200 req/s a source) except the private-network guard,
+which loopback needs off. Throughput is measured twice: end to end (process
+start to last outcome) and over the span the websites saw requests in. CPU is
+``getrusage(RUSAGE_CHILDREN)`` around each run, so every process of the run
+and their pools count; this crawler's servers (Kafka, Redis, S3), which
+img2dataset does without, are shown apart, read from /proc.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import subprocess
+import tempfile
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from demo.crawl import crawl
+from demo.outcomes import QUALITY
+from demo.sample import PHOTOS, _photo, variant
+from devstack.stack import LocalStack
+from test.simweb import ROBOTS_PATH, Planned, SimWeb, SiteSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_VENV = ROOT / "bench" / ".venv-img2dataset"
+PEER_BIN = PEER_VENV / "bin" / "img2dataset"
+SOURCES, DISTINCT_IMAGES, LATENCY = 10, 120, 0.05
+PROCESSES, PEER_THREADS = 2, 64
+TARGET, JPEG_QUALITY = 640, 85  # TARGET_RESOLUTION's default and the worker's thumbnail quality
+TIMEOUT = 900.0
+
+
+@dataclass(frozen=True)
+class Result:
+    system: str
+    images: int
+    wall: float
+    server_span: float
+    cpu: float
+    infra_cpu: float | None = None
+
+    def row(self) -> str:
+        infra = "-" if self.infra_cpu is None else f"{(self.cpu + self.infra_cpu) / self.images * 1000:.1f}"
+        return (f"{self.system:<16}{self.images:>7}{self.wall:>9.1f}{self.images / self.wall:>11.1f}"
+                f"{self.images / self.server_span:>13.1f}{self.cpu / self.images * 1000:>14.1f}{infra:>18}")
+
+
+HEADER = (f"{'system':<16}{'images':>7}{'wall s':>9}{'img/s e2e':>11}{'img/s server':>13}"
+          f"{'CPU ms/img':>14}{'+servers ms/img':>18}")
+
+
+def build_web(urls: int) -> tuple[list[SiteSpec], list[Planned]]:
+    rng = random.Random(2)
+    photos = {name: _photo(name) for name in PHOTOS}
+    bodies = [variant(rng, photos) for _ in range(DISTINCT_IMAGES)]
+    specs = []
+    for s in range(SOURCES):
+        files = {f"/p/{s}/{k}.{ext}": body for k, (ext, body) in enumerate(bodies)}
+        specs.append(SiteSpec(f"bench{s:02d}", 500_000_000, files, latency=LATENCY,
+                              robots_txt="User-agent: *\nAllow: /\n"))
+    paths = [(spec.name, path) for spec in specs for path in spec.files]
+    plan = [Planned(str(uuidlib.uuid4()), name, path, frozenset({QUALITY}))
+            for name, path in (paths[i % len(paths)] for i in range(urls))]
+    rng.shuffle(plan)
+    return specs, plan
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def proc_cpu(pids: list[int]) -> float:
+    """utime+stime (and reaped children's) of running processes, from /proc."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(v) for v in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def server_span(web: SimWeb) -> float:
+    times = [r.time for r in web.all_requests() if r.path != ROBOTS_PATH]
+    return max(times) - min(times)
+
+
+def ensure_peer() -> None:
+    if PEER_BIN.exists():
+        return
+    print(f"installing img2dataset into {PEER_VENV} ...", flush=True)
+    subprocess.run(["python3", "-m", "venv", str(PEER_VENV)], check=True)
+    subprocess.run([str(PEER_VENV / "bin" / "pip"), "install", "--quiet", "img2dataset"], check=True)
+
+
+def run_peer(specs: list[SiteSpec], plan: list[Planned], work: Path) -> Result:
+    web = SimWeb(specs)
+    with web.serving():
+        url_list = work / "urls.txt"
+        url_list.write_text("".join(web.sites[p.source].url(p.path) + "\n" for p in plan))
+        out = work / "img2dataset"
+        argv = [str(PEER_BIN), "--url_list", str(url_list), "--output_folder", str(out),
+                "--processes_count", str(PROCESSES), "--thread_count", str(PEER_THREADS),
+                "--image_size", str(TARGET), "--resize_mode", "keep_ratio_largest",
+                "--resize_only_if_bigger", "True", "--encode_format", "jpg",
+                "--encode_quality", str(JPEG_QUALITY), "--output_format", "files",
+                "--number_sample_per_shard", "1000", "--timeout", "30", "--retries", "1"]
+        env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": ""}
+        cpu0, started = children_cpu(), time.monotonic()
+        with open(work / "img2dataset.log", "wb") as log:
+            subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=TIMEOUT)
+        wall, cpu = time.monotonic() - started, children_cpu() - cpu0
+    return Result("img2dataset", len(list(out.glob("*/*.jpg"))), wall, server_span(web), cpu)
+
+
+def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path) -> Result:
+    web = SimWeb(specs)
+    stack = LocalStack(work / "stack")
+    with stack as addresses:
+        servers = [s.process.pid for s in stack.servers if s.process]
+        base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
+        infra0, cpu0, started = proc_cpu(servers), children_cpu(), time.monotonic()
+        with crawl(web, plan, base, work / "ours", PROCESSES) as (cluster, outcomes):
+            if not outcomes.wait(TIMEOUT):
+                raise RuntimeError(f"{len(outcomes.missing())} URLs without an outcome; see {work / 'ours'}")
+            wall = time.monotonic() - started
+            infra = proc_cpu(servers) - infra0
+            cluster.stop()
+        cpu = children_cpu() - cpu0
+    return Result("this crawler", outcomes.totals()[QUALITY], wall, server_span(web), cpu, infra)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--urls", type=int, default=2000)
+    args = parser.parse_args()
+    ensure_peer()
+    specs, plan = build_web(args.urls)
+    with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
+        work = Path(tmp)
+        results = [run_peer(specs, plan, work), run_ours(specs, plan, work)]
+    print(f"\n{args.urls} URLs, {SOURCES} sites, {LATENCY * 1000:.0f} ms latency, {PROCESSES} processes each, "
+          f"{TARGET} px JPEG q{JPEG_QUALITY}; {os.cpu_count()} cores")
+    print(HEADER)
+    for result in results:
+        print(result.row())
+
+
+if __name__ == "__main__":
+    main()
