@@ -88,12 +88,13 @@ class Fetcher:
     async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
         if (response.content_length or 0) > self._max_bytes:
             raise FetchError("TooLarge", response.status)
-        body = bytearray()
+        chunks, size = [], 0  # joined once: growing a bytearray re-copies multi-MB bodies
         async for chunk in response.content.iter_any():
-            body += chunk
-            if len(body) > self._max_bytes:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > self._max_bytes:
                 raise FetchError("TooLarge", response.status)
-        return bytes(body)
+        return b"".join(chunks)
 
 
 def _redirect_target(current: str, location: str) -> str:

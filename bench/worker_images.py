@@ -1,0 +1,238 @@
+"""Worker image throughput: ``python -m bench.worker_images [--stack] [--seconds S]``.
+
+Three corpora (icons, ~1 MP photos, ~12 MP photos, made from scikit-image's
+sample photos) are served by a local HTTP server in its own process. For
+each corpus, side by side in one run:
+
+- bare: decode, thumbnail, encode in a process pool of the pool's size;
+- worker: ``ImageTask.process`` per URL (fetch with tokens and gate, the
+  process pool's ``analyze``, thumbnail store, Kafka messages, Redis stats).
+
+Kafka, Redis and S3 are in-memory stand-ins by default, so "CPU outside the
+image work" (the worker process's own CPU per image; the pool's CPU is not
+counted) measures the worker's code; ``--stack`` uses the real clients on a
+local stack instead. Targets: worker rate >= 90% of bare on the 1 and 12 MP
+corpora; <= 2 ms CPU per image outside the image work.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import AsyncExitStack
+from multiprocessing import get_context
+from pathlib import Path
+
+import aiohttp
+from PIL import Image
+
+from common.contracts import CrawlRequest
+from common.settings import Settings
+from devstack.servers import free_port
+from test.worker_fakes import AllowAllGate, FakeProducer, FakeRedis, FakeThumbnails
+from worker.fetch import Fetcher
+from worker.pool import ImagePool, default_pool_size
+from worker.stats import Stats
+from worker.task import ImageTask
+from worker.tokens import TokenBuckets
+
+TARGET = 640
+SOURCE = "bench"
+CONCURRENCY_PER_PROCESS = 4
+
+
+def sample_photos() -> list[Image.Image]:
+    import skimage.data as data
+    names = ["astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field",
+             "retina", "cat"]
+    return [Image.fromarray(getattr(data, name)()) for name in names]
+
+
+def corpora(folder: Path) -> dict[str, list[str]]:
+    """Write the three corpora as files; return corpus -> relative paths."""
+    photos = sample_photos()
+    logo = Image.fromarray(__import__("skimage.data", fromlist=["logo"]).logo())  # RGBA
+    out: dict[str, list[str]] = {"icons": [], "1mp": [], "12mp": []}
+
+    def save(corpus: str, name: str, image: Image.Image, fmt: str, **kwargs) -> None:
+        path = folder / corpus / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path, fmt, **kwargs)
+        out[corpus].append(f"{corpus}/{name}")
+
+    for i in range(120):
+        source = [logo, *photos][i % (len(photos) + 1)]
+        size = (32, 48, 64)[i % 3]
+        save("icons", f"{i}.png", source.resize((size, size)), "PNG")
+    for i in range(32):
+        scale = 0.9 + 0.05 * (i % 5)
+        save("1mp", f"{i}.jpg", camera_like(photos[i % len(photos)], 1_000_000 * scale ** 2), "JPEG", quality=88)
+    for i in range(8):
+        save("12mp", f"{i}.jpg", camera_like(photos[i % len(photos)], 12_000_000), "JPEG", quality=90)
+    return out
+
+
+def camera_like(photo: Image.Image, pixels: float) -> Image.Image:
+    """``photo`` upscaled to ``pixels`` with sensor-like noise, so it compresses like a camera's
+    JPEG (~3 MB at 12 MP) rather than like a smooth upscale (~1 MB)."""
+    scale = (pixels / (photo.width * photo.height)) ** 0.5
+    big = photo.resize((round(photo.width * scale), round(photo.height * scale)))
+    return Image.blend(big, Image.effect_noise(big.size, 32).convert("RGB"), 0.2)
+
+
+SERVER = """
+import sys
+from aiohttp import web
+app = web.Application()
+app.router.add_static("/", sys.argv[1])
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), print=None, access_log=None)
+"""
+
+
+def bare(data: bytes) -> int:
+    """The least a thumbnailer can do: decode, thumbnail, encode."""
+    with Image.open(io.BytesIO(data)) as image:
+        image.thumbnail((TARGET, TARGET))
+        out = io.BytesIO()
+        image.convert("RGB").save(out, "JPEG", quality=85)
+    return len(out.getvalue())
+
+
+def run_bare(executor: ProcessPoolExecutor, blobs: list[bytes], seconds: float) -> tuple[float, int]:
+    started, done = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        list(executor.map(bare, blobs, chunksize=1))
+        done += len(blobs)
+    return done / (time.perf_counter() - started), done
+
+
+async def run_worker(task: ImageTask, urls: list[str], seconds: float, concurrency: int) -> tuple[float, float, int]:
+    """Images/s and worker-process CPU ms per image."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    done = 0
+
+    async def one_worker() -> None:
+        nonlocal done
+        while time.perf_counter() - started < seconds:
+            url = urls[done % len(urls)]
+            done += 1
+            await task.process(CrawlRequest(url, f"u{done}", SOURCE))
+
+    await asyncio.gather(*(one_worker() for _ in range(concurrency)))
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return done / wall, cpu * 1000 / done, done
+
+
+async def sinks(stack: AsyncExitStack, use_stack: bool):
+    """(redis, producer, thumbnails): in-memory, or the real clients on a local stack."""
+    if not use_stack:
+        return _NullRedis(), _NullProducer(), FakeThumbnails()
+    import redis.asyncio as aioredis
+    from common.kafka import AsyncProducer, producer_config
+    from devstack.stack import LocalStack
+    from worker.thumbnails import s3_thumbnails
+    addresses = stack.enter_context(LocalStack())
+    settings = Settings(**{k.lower(): v for k, v in addresses.environment().items()
+                           if k.lower() in Settings.__dataclass_fields__})
+    redis = aioredis.from_url(addresses.redis_url, decode_responses=True)
+    stack.push_async_callback(redis.aclose)
+    redis.decr = _always_a_token  # no regulator here: every request may go
+    producer = AsyncProducer(producer_config(addresses.kafka_hosts))
+    stack.push_async_callback(producer.close)
+    thumbnails = await stack.enter_async_context(s3_thumbnails(settings))
+    return redis, producer, thumbnails
+
+
+async def _always_a_token(_key: str) -> int:
+    return 1
+
+
+class _NullProducer(FakeProducer):
+    async def send(self, topic: str, value: bytes, key=None) -> None:
+        return None
+
+
+class _NullRedis(FakeRedis):
+    """Tokens always available, writes dropped: what is left is the worker's own cost."""
+
+    decr = staticmethod(_always_a_token)
+
+    async def incr(self, key: str) -> int:
+        return 1
+
+    def pipeline(self, transaction: bool = True):
+        return _NullPipeline()
+
+
+class _NullPipeline:
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: self
+
+    async def execute(self) -> list:
+        return []
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="bench-images-"))
+    paths = corpora(folder)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(folder), str(port)])
+    processes = default_pool_size()
+    executor = ProcessPoolExecutor(processes, mp_context=get_context("spawn"))
+    pool = ImagePool(processes)
+    rows = []
+    try:
+        async with AsyncExitStack() as stack:
+            redis, producer, thumbnails = await sinks(stack, args.stack)
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+            await _wait_for_server(session, port)
+            fetcher = Fetcher(session, AllowAllGate(), TokenBuckets(redis), redis, 50 * 1024 * 1024)
+            task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis),
+                             Settings(target_resolution=TARGET))
+            list(executor.map(bare, [(folder / paths["icons"][0]).read_bytes()] * processes))  # warm up
+            await task.process(CrawlRequest(f"http://127.0.0.1:{port}/{paths['icons'][0]}", "warm", SOURCE))
+            for corpus, names in paths.items():
+                blobs = [(folder / name).read_bytes() for name in names]
+                urls = [f"http://127.0.0.1:{port}/{name}" for name in names]
+                bare_rate, _ = run_bare(executor, blobs, args.seconds)
+                rate, cpu_ms, done = await run_worker(task, urls, args.seconds, processes * CONCURRENCY_PER_PROCESS)
+                mean_kb = sum(map(len, blobs)) / len(blobs) / 1024
+                rows.append((corpus, mean_kb, bare_rate, rate, rate / bare_rate, cpu_ms, done))
+    finally:
+        pool.close()
+        executor.shutdown()
+        server.terminate()
+        server.wait()
+    print(f"\npool processes: {processes}; sinks: {'local stack (real clients)' if args.stack else 'in-memory'}; "
+          f"load average before: {os.getloadavg()[0]:.2f}")
+    print(f"{'corpus':<8}{'mean KB':>9}{'bare img/s':>12}{'worker img/s':>14}{'ratio':>8}"
+          f"{'worker CPU ms/img':>19}{'images':>8}")
+    for corpus, kb, bare_rate, rate, ratio, cpu_ms, done in rows:
+        print(f"{corpus:<8}{kb:>9.0f}{bare_rate:>12.1f}{rate:>14.1f}{ratio:>8.0%}{cpu_ms:>19.2f}{done:>8}")
+
+
+async def _wait_for_server(session: aiohttp.ClientSession, port: int) -> None:
+    for _ in range(100):
+        try:
+            async with session.get(f"http://127.0.0.1:{port}/"):
+                return
+        except aiohttp.ClientError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the image server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", action="store_true", help="real Kafka, Redis and S3 on a local stack")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per corpus and contender")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
