@@ -166,7 +166,7 @@ def test_a_splitter_killed_between_produce_and_commit_re_splits(
     counts = collections.Counter(m["uuid"] for m in read(hosts, source_topics(unique), lambda m: True,
                                                          300 + first_pass))
     assert set(counts) == {f"{unique}-{n}" for n in range(300)}  # nothing lost
-    assert sum(counts.values()) == 300 + first_pass  # the crashed batch went out twice
+    assert sum(counts.values()) >= 300 + first_pass  # the crashed batch went out (at least) twice
     redis.close()
 
 
