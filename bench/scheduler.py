@@ -1,0 +1,181 @@
+"""Scheduler fairness: ``python -m bench.scheduler [--seconds S]``.
+
+One source limited to 100 req/s and 100 sources at 0.5 req/s (150 req/s in
+all), each on its own local site (a port of 127.0.0.1) answering a small
+JPEG after 200 ms. The local stack, the monitor's rate-limit regulator
+(token refills once a second) and one ``python -m worker`` run for real;
+URLs go straight to the ``urls.{source}`` topics. The sites' own arrival
+times are the evidence: the achieved total rate should be >= 95% of 150
+req/s, and no source above its limit.
+
+All sites share the host 127.0.0.1, so the per-host connection cap is raised
+(CRAWL_PER_HOST_CONNECTIONS) to what the fast source needs: the bench is
+about scheduling, not the cap.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from confluent_kafka import Producer
+
+from common.contracts import INBOUND_SOURCES, override_rate_key, source_topic
+from common.kafka import ensure_topics, producer_config
+from crawl_monitor.regulator import Regulator
+from devstack.servers import free_port
+from devstack.stack import LocalStack
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST, SLOW = ("fast", 100.0), 0.5
+SLOW_SOURCES = [f"slow{i:03d}" for i in range(100)]
+LATENCY = 0.2
+WARMUP = 20.0
+
+
+def serve(ports_path: str, log_path: str) -> None:
+    """The sites: one port per source, every image after LATENCY s; arrival times logged on SIGTERM."""
+    from aiohttp import web
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (90, 140, 200)).save(out, "JPEG", quality=85)
+    body, arrivals = out.getvalue(), []
+
+    async def image(request: web.Request) -> web.Response:
+        arrivals.append((request.url.port, time.time()))
+        await asyncio.sleep(LATENCY)
+        return web.Response(body=body, content_type="image/jpeg")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/img/{name}", image)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        ports = json.loads(Path(ports_path).read_text())
+        for port in ports.values():
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        Path(log_path + ".ready").touch()
+        await stop.wait()
+        Path(log_path).write_text(json.dumps(arrivals))
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def load(kafka_hosts: str, ports: dict[str, int], seconds: float) -> int:
+    producer = Producer(producer_config(kafka_hosts, **{"linger.ms": 50}))
+    total = 0
+    plan = {FAST[0]: int(FAST[1] * (seconds + WARMUP) * 1.3)} | {s: int(SLOW * (seconds + WARMUP) * 1.5) + 2
+                                                                 for s in SLOW_SOURCES}
+    for source, count in plan.items():
+        for n in range(count):
+            value = json.dumps({"url": f"http://127.0.0.1:{ports[source]}/img/{n}.jpg",
+                                "uuid": str(uuid.uuid4()), "source": source}).encode()
+            while True:
+                try:
+                    producer.produce(source_topic(source), value)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            total += 1
+    assert producer.flush(120) == 0
+    return total
+
+
+async def regulate(redis_url: str, stop: asyncio.Event) -> None:
+    """The monitor's regulator, ticking once a second as ``python -m crawl_monitor`` would."""
+    redis = aioredis.from_url(redis_url, decode_responses=True)
+    regulator = Regulator(redis)
+    try:
+        while not stop.is_set():
+            await regulator.tick(time.time())
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0 - time.time() % 1.0)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await redis.aclose()
+
+
+async def run(args: argparse.Namespace) -> None:
+    sources = {FAST[0]: FAST[1]} | {s: SLOW for s in SLOW_SOURCES}
+    ports = {source: free_port() for source in sources}
+    folder = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
+    (folder / "ports.json").write_text(json.dumps(ports))
+    log_path = str(folder / "arrivals.json")
+    with LocalStack(folder / "stack") as stack:
+        site = subprocess.Popen([sys.executable, "-c", f"from bench.scheduler import serve; "
+                                 f"serve({str(folder / 'ports.json')!r}, {log_path!r})"], cwd=ROOT)
+        while not Path(log_path + ".ready").exists():
+            time.sleep(0.1)
+        redis = aioredis.from_url(stack.redis_url, decode_responses=True)
+        await redis.sadd(INBOUND_SOURCES, *sources)
+        for source, rate in sources.items():
+            await redis.set(override_rate_key(source), rate)
+        await redis.aclose()
+        ensure_topics(stack.kafka_hosts, [source_topic(s) for s in sources], 4)
+        messages = load(stack.kafka_hosts, ports, args.seconds)
+        stop = asyncio.Event()
+        regulator = asyncio.create_task(regulate(stack.redis_url, stop))
+        env = {**os.environ, **stack.environment(), "PYTHONPATH": str(ROOT),
+               "CRAWL_ALLOW_PRIVATE_NETWORKS": "true", "CRAWL_PER_HOST_CONNECTIONS": "64"}
+        worker_log = open(folder / "worker.log", "wb")
+        worker = subprocess.Popen([sys.executable, "-m", "worker"], cwd=ROOT, env=env,
+                                  stdout=worker_log, stderr=subprocess.STDOUT)
+        started = time.time()
+        try:
+            await asyncio.sleep(WARMUP + args.seconds)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(worker.wait, 60)
+            stop.set()
+            await regulator
+            site.send_signal(signal.SIGTERM)
+            site.wait(30)
+    arrivals = json.loads(Path(log_path).read_text())
+    report(arrivals, ports, sources, started + WARMUP, args.seconds, messages, worker.returncode, folder)
+
+
+def report(arrivals, ports, sources, window_start: float, seconds: float, messages: int, code: int,
+           folder: Path) -> None:
+    by_port = {port: source for source, port in ports.items()}
+    counts = {source: 0 for source in sources}
+    for port, at in arrivals:
+        if window_start <= at < window_start + seconds:
+            counts[by_port[port]] += 1
+    rates = {source: count / seconds for source, count in counts.items()}
+    slow = [rates[s] for s in SLOW_SOURCES]
+    total, limit = sum(rates.values()), sum(sources.values())
+    over = [s for s, r in rates.items() if counts[s] > sources[s] * seconds + max(1.0, sources[s])]
+    print(f"\n{messages} URLs queued; window {seconds:.0f} s "
+          f"after {WARMUP:.0f} s warm-up; worker exit code {code}; load average {os.getloadavg()[0]:.2f}; "
+          f"logs in {folder}")
+    print(f"{'sources':<22}{'limit req/s':>12}{'achieved req/s':>16}{'share':>8}")
+    print(f"{'fast (1)':<22}{FAST[1]:>12.1f}{rates[FAST[0]]:>16.1f}{rates[FAST[0]] / FAST[1]:>8.0%}")
+    print(f"{'slow (100), sum':<22}{SLOW * 100:>12.1f}{sum(slow):>16.1f}{sum(slow) / (SLOW * 100):>8.0%}")
+    print(f"{'slow, min / max each':<22}{SLOW:>12.2f}{min(slow):>8.2f} / {max(slow):.2f}")
+    print(f"{'total':<22}{limit:>12.1f}{total:>16.1f}{total / limit:>8.0%}")
+    print(f"sources over their limit in the window: {over or 'none'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window after the warm-up")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
