@@ -50,7 +50,7 @@ class Child:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def signal(self, signum: int) -> None:
+    def send(self, signum: int) -> None:
         """Signal the whole process group (a child's own helpers included)."""
         if self.alive():
             try:
@@ -61,7 +61,7 @@ class Child:
     def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_GRACE) -> int | None:
         """Stop it on purpose (a fault test's SIGKILL, say); returns its exit code."""
         self.stopped = True
-        self.signal(signum)
+        self.send(signum)
         return self.wait(timeout)
 
     def wait(self, timeout: float) -> int | None:
@@ -119,13 +119,13 @@ class Cluster:
         """SIGTERM them all at once, wait ``grace``, SIGKILL what is left; exit codes by name."""
         for child in children:
             child.stopped = True
-            child.signal(signal.SIGTERM)
+            child.send(signal.SIGTERM)
         deadline = time.monotonic() + grace
         codes = {}
         for child in children:
             code = child.wait(max(0.0, deadline - time.monotonic()))
             if code is None:
-                child.signal(signal.SIGKILL)
+                child.send(signal.SIGKILL)
                 code = child.wait(10)
             codes[child.name] = code
         return codes
