@@ -157,6 +157,18 @@ _SOURCE_RE = re.compile(r"^[a-z0-9_.-]+$")
 MAX_SOURCE_LENGTH = 200  # a topic name may be at most 249 characters
 
 
+MAX_UUID_LENGTH = 200  # it names the thumbnail's S3 key
+
+
+def _encodable(text: str) -> bool:
+    """JSON may carry lone surrogates that no UTF-8 consumer (S3, Kafka) accepts."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 class InvalidMessage(ValueError):
     """An inbound message that cannot be crawled; its text is the reason given."""
 
@@ -179,8 +191,8 @@ def validate_url(url: Any) -> str:
         raise InvalidMessage("url must be a non-empty string")
     if len(url) >= MAX_URL_LENGTH:
         raise InvalidMessage(f"url is {len(url)} characters; the limit is under {MAX_URL_LENGTH}")
-    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url):
-        raise InvalidMessage("url contains whitespace or control characters")
+    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url) or not _encodable(url):
+        raise InvalidMessage("url contains whitespace, control characters or invalid UTF-8")
     try:
         parts = urlsplit(url)
         parts.port  # raises ValueError on a bad port
@@ -202,14 +214,16 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
         raise InvalidMessage("message has no value")
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidMessage(f"not JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidMessage(f"not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise InvalidMessage(f"expected a JSON object, got {type(data).__name__}")
     url = validate_url(data.get("url"))
     uuid = data.get("uuid")
     if not isinstance(uuid, str) or not uuid.strip():
         raise InvalidMessage("uuid must be a non-empty string")
+    if len(uuid) > MAX_UUID_LENGTH or not uuid.isprintable() or not _encodable(uuid):
+        raise InvalidMessage(f"uuid must be printable UTF-8 of at most {MAX_UUID_LENGTH} characters")
     source = data.get("source")
     if not isinstance(source, str):
         raise InvalidMessage("source must be a string")

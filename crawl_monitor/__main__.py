@@ -15,12 +15,15 @@ from typing import Any, Coroutine
 
 import aiohttp
 import redis.asyncio as aioredis
+from aiohttp import web
 
-from common.contracts import EVENT_MONITOR_COMPONENT_ERROR, EVENT_MONITOR_STARTED, EVENT_MONITOR_STOPPED
+from common.contracts import (EVENT_HTTP_API_ERROR, EVENT_MONITOR_COMPONENT_ERROR, EVENT_MONITOR_STARTED,
+                              EVENT_MONITOR_STOPPED)
 from common.jsonlog import log_event
 from common.settings import Settings, load_settings
 from crawl_monitor import splitter
 from crawl_monitor.circuit_breaker import CircuitBreaker
+from crawl_monitor.http_api import start_http_api
 from crawl_monitor.constants import BREAKER_CHECK_SECONDS, MONITORING_INTERVAL_SECONDS, TICK_SECONDS
 from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.periodic import every
@@ -43,7 +46,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     regulator = Regulator(redis)
     breaker = CircuitBreaker(redis)
     monitoring = MonitoringLog(redis)
-    # One entry per component; the dashboard joins here with ``lambda: monitoring.latest``.
+    dashboard = await _start_dashboard(settings, redis, monitoring)
     components: dict[str, Coroutine[Any, Any, None]] = {
         "splitter": splitter.run_splitter(lambda: splitter.connect(settings), settings.shutdown_timeout),
         "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
@@ -67,6 +70,8 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log_event(EVENT_MONITOR_COMPONENT_ERROR, component="regulator",
                       error=f"could not empty the buckets: {exc}")
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        if dashboard is not None:
+            await dashboard.cleanup()
         await session.close()
         await redis.aclose()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -76,6 +81,18 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     log_event(EVENT_MONITOR_STOPPED, failed=failures)
     if failures:
         raise ComponentFailed(f"monitor component(s) stopped: {failures}")
+
+
+async def _start_dashboard(settings: Settings, redis: aioredis.Redis,
+                           monitoring: MonitoringLog) -> web.AppRunner | None:
+    """The dashboard is for watching, the regulator is what keeps sites safe:
+    a taken port is reported and the monitor carries on without the dashboard."""
+    try:
+        return await start_http_api(settings, redis, lambda: monitoring.latest)
+    except OSError as exc:
+        log_event(EVENT_HTTP_API_ERROR, port=settings.monitor_port,
+                  error=f"dashboard not started: {exc}")
+        return None
 
 
 def main() -> None:

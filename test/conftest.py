@@ -113,6 +113,7 @@ def stack_env(redis_url: str, kafka_hosts: str, s3_endpoint: str) -> dict[str, s
         "AWS_SECRET_ACCESS_KEY": DEV_CREDENTIALS["aws_secret_access_key"],
         "AWS_DEFAULT_REGION": DEV_CREDENTIALS["region_name"],
         "CRAWL_ALLOW_PRIVATE_NETWORKS": "true",
+        "MONITOR_PORT": "0",
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
         "PYTHONUNBUFFERED": "1",
     }

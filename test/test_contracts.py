@@ -31,7 +31,8 @@ def test_valid_message_lower_cases_source() -> None:
     msg(url="javascript:alert(1)"), msg(url="http://"), msg(url="https://example.org/" + "a" * 2048),
     msg(url="http://exa mple.org/a.jpg"), msg(url="http://example.org:99999/a.jpg"),
     msg(uuid=...), msg(uuid=""), msg(uuid="  "), msg(uuid=7),
-    msg(source=...), msg(source=""), msg(source="bad source"), msg(source="../etc"[:0] + "a/b"),
+    b"[" * 100_000, msg(url="https://example.org/\ud800.jpg"), msg(uuid="a\nb"), msg(uuid="u" * 201),
+    msg(uuid="\udfff"), msg(source=...), msg(source=""), msg(source="bad source"), msg(source="../etc"[:0] + "a/b"),
     msg(source="x" * 300), msg(source=None), msg(attempts=-1), msg(attempts="1"), msg(attempts=True),
 ])
 def test_invalid_messages_are_rejected_with_a_reason(raw) -> None:
