@@ -208,3 +208,34 @@ async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
     scheduler.stop()
     await runner
     assert feed.subscriptions == [[source_topic("a")], [source_topic("a"), source_topic("b")]]
+
+
+async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their_urls(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    feed = FakeFeed(records("a", 3))
+    redis = await redis_with({"a": 1.0})
+    await redis.set("currtokens:a", 0)
+    tokens = TokenBuckets(redis)
+    done = []
+
+    async def handle(request: CrawlRequest) -> float:
+        await tokens.take(request.source)
+        done.append(request.uuid)
+        return 0.01
+
+    scheduler = Scheduler(feed, redis, handle, FakeProducer(), tokens, {}, max_tasks=10, shutdown_timeout=5.0)
+    runner = asyncio.create_task(scheduler.run())
+    async with asyncio.timeout(10):
+        while scheduler._total == 0:
+            await asyncio.sleep(0.01)
+        await redis.sadd(TEMP_HALTED, "a")
+        while scheduler._total:  # the waiters gave their slots back
+            await asyncio.sleep(0.01)
+        await redis.srem(TEMP_HALTED, "a")
+        await redis.set("currtokens:a", 3)
+        while len(done) < 3:
+            await asyncio.sleep(0.01)
+    scheduler.stop()
+    await runner
+    assert sorted(done) == ["a-0", "a-1", "a-2"]
+    assert feed.committed()[(source_topic("a"), 0)] == 3

@@ -24,7 +24,7 @@ from common.jsonlog import log_event
 from worker.constants import (CONNECT_TIMEOUT, MAX_REDIRECTS, READ_TIMEOUT, REDIRECT_STATUSES,
                               TOTAL_TIMEOUT)
 from worker.politeness import Refused, RequestGate
-from worker.tokens import ShuttingDown, TokenBuckets
+from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
 
 TIMEOUT = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
 
@@ -71,7 +71,7 @@ class Fetcher:
         except FetchError as exc:
             exc.token_wait = waited
             raise
-        except (ShuttingDown, asyncio.CancelledError):
+        except (ShuttingDown, SourceHalted, asyncio.CancelledError):
             raise
         except Exception as exc:
             raise _classify(exc, waited) from exc

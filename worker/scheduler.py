@@ -31,7 +31,7 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LAT
 from worker.feed import TP, KafkaFeed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
-from worker.tokens import ShuttingDown, TokenBuckets
+from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
 
 Handle = Callable[[CrawlRequest], Awaitable[float]]
 
@@ -40,7 +40,7 @@ Handle = Callable[[CrawlRequest], Awaitable[float]]
 class Job:
     tp: TP
     offset: int
-    request: CrawlRequest
+    request: CrawlRequest | None  # None: a message to reject
 
 
 class Scheduler:
@@ -104,6 +104,7 @@ class Scheduler:
             log_event("worker_refresh_failed", error=repr(exc)[:300])
             return
         self._halted = set(halted) | set(temp_halted)
+        self._tokens.halt(self._halted)
         self.rates.clear()
         self.rates.update({s: _as_rate(r) for s, r in zip(names, rates) if _as_rate(r) is not None})
         if set(names) != self._sources:
@@ -135,7 +136,7 @@ class Scheduler:
         try:
             request = parse_crawl_request(record.value)
         except InvalidMessage as exc:
-            self._spawn(tp, record.offset, None, self._reject(record, str(exc)))
+            self._spawn(Job(tp, record.offset, None), None, self._reject(record, str(exc)))
             return
         source = source_of_topic(record.topic)
         self._pending.setdefault(source, deque()).append(Job(tp, record.offset, request))
@@ -174,7 +175,7 @@ class Scheduler:
                 queue = self._pending.pop(source)  # re-inserted last: the rotation
                 job = queue.popleft()
                 self._set_pending(source, queue)
-                self._spawn(job.tp, job.offset, source, self._crawl(source, job.request))
+                self._spawn(job, source, self._crawl(source, job.request))
                 started = True
 
     async def _crawl(self, source: str, request: CrawlRequest) -> float:
@@ -183,23 +184,28 @@ class Scheduler:
         self._latency[source] = previous + LATENCY_SMOOTHING * (max(busy, 0.0) - previous)
         return busy
 
-    def _spawn(self, tp: TP, offset: int, source: str | None, work: Awaitable[float]) -> None:
+    def _spawn(self, job: Job, source: str | None, work: Awaitable[float]) -> None:
         if source is not None:
             self._inflight[source] += 1
             self._total += 1
-        task = asyncio.ensure_future(self._finish_after(tp, offset, source, work))
+        task = asyncio.ensure_future(self._finish_after(job, source, work))
         self._tasks.add(task)
 
-    async def _finish_after(self, tp: TP, offset: int, source: str | None, work: Awaitable[float]) -> None:
+    async def _finish_after(self, job: Job, source: str | None, work: Awaitable[float]) -> None:
         try:
             await work
-            offsets = self._offsets.get(tp)
+            offsets = self._offsets.get(job.tp)
             if offsets is not None:
-                offsets.finish(offset)
+                offsets.finish(job.offset)
+        except SourceHalted:
+            # Halted while waiting for a token: give the slot back, keep the URL for later.
+            if job.tp in self._offsets and source is not None:
+                self._pending.setdefault(source, deque()).appendleft(job)
         except ShuttingDown:
             pass  # nothing sent: the message stays uncommitted for the next owner
         except Exception as exc:  # a bug: keep the offset unfinished rather than lose the URL
-            log_event("task_crashed", topic=tp[0], partition=tp[1], offset=offset, error=repr(exc)[:500])
+            log_event("task_crashed", topic=job.tp[0], partition=job.tp[1], offset=job.offset,
+                      error=repr(exc)[:500])
         finally:
             self._tasks.discard(asyncio.current_task())
             if source is not None:

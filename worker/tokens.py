@@ -21,12 +21,18 @@ class ShuttingDown(Exception):
     """Raised to a task still waiting for a token when the worker stops: it has sent nothing."""
 
 
+class SourceHalted(Exception):
+    """Raised to a task waiting for a token of a halted source: it has sent nothing, and its
+    slot is better used elsewhere until the source resumes."""
+
+
 class TokenBuckets:
     def __init__(self, redis, rate_of: Callable[[str], float | None] = lambda source: None):
         self._redis = redis
         self._rate_of = rate_of
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = asyncio.Event()
+        self._halted: set[str] = set()
 
     async def take(self, source: str) -> float:
         """Wait for one token of ``source``; returns the seconds spent waiting."""
@@ -36,6 +42,8 @@ class TokenBuckets:
             while True:
                 if self._closed.is_set():
                     raise ShuttingDown(source)
+                if source in self._halted:
+                    raise SourceHalted(source)
                 if await self._redis.decr(tokens_key(source)) >= 0:
                     return time.monotonic() - started
                 try:
@@ -47,6 +55,10 @@ class TokenBuckets:
         rate = self._rate_of(source) or 0.0
         interval = TOKEN_POLL_MAX if rate <= 0 else min(TOKEN_POLL_MAX, max(TOKEN_POLL_MIN, 0.2 / rate))
         return interval * random.uniform(0.8, 1.2)  # workers sharing a source spread their polls
+
+    def halt(self, sources: set[str]) -> None:
+        """The sources whose waiting tasks should give up (``halted`` and ``temp_halted``)."""
+        self._halted = sources
 
     def close(self) -> None:
         """Stop handing out tokens: waiting tasks get ShuttingDown at once."""
