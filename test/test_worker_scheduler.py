@@ -239,3 +239,8 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their
     await runner
     assert sorted(done) == ["a-0", "a-1", "a-2"]
     assert feed.committed()[(source_topic("a"), 0)] == 3
+
+
+def test_unusable_rates_count_as_unknown() -> None:
+    assert [scheduler_module._as_rate(raw) for raw in ("2.5", "0", "-1", "nan", "inf", "fast", None)] == [
+        2.5, 0.0, None, None, None, None, None]

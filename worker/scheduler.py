@@ -15,6 +15,7 @@ re-delivers rather than loses (at-least-once).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -105,11 +106,16 @@ class Scheduler:
             return
         self._halted = set(halted) | set(temp_halted)
         self._tokens.halt(self._halted)
+        parsed = {source: _as_rate(raw) for source, raw in zip(names, rates)}
         self.rates.clear()
-        self.rates.update({s: _as_rate(r) for s, r in zip(names, rates) if _as_rate(r) is not None})
+        self.rates.update({source: rate for source, rate in parsed.items() if rate is not None})
         if set(names) != self._sources:
+            try:
+                await self._feed.subscribe([source_topic(s) for s in names])
+            except Exception as exc:  # e.g. a name Kafka rejects: retried at the next refresh
+                log_event("worker_subscribe_failed", error=repr(exc)[:300])
+                return
             self._sources = set(names)
-            await self._feed.subscribe([source_topic(s) for s in names])
             log_event("worker_subscribed", sources=len(names))
 
     # --- partitions and messages ----------------------------------------------
@@ -257,8 +263,9 @@ class Scheduler:
 
 
 def _as_rate(raw) -> float | None:
+    """A usable rate from ``rate_limit:{source}``, or None (unknown: the source gets its floor)."""
     try:
         rate = float(raw)
     except (TypeError, ValueError):
         return None
-    return rate if rate >= 0 else None
+    return rate if math.isfinite(rate) and rate >= 0 else None
