@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 from multidict import CIMultiDict
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
@@ -22,10 +23,14 @@ SETTINGS = Settings(target_resolution=64, max_retries=1,
 
 
 class FakeFetcher:
-    def __init__(self, result: Fetched | FetchError):
+    def __init__(self, result: Fetched | FetchError, redis_down_for: int = 0):
         self.result = result
+        self.redis_down_for = redis_down_for
 
     async def fetch(self, url: str, source: str) -> Fetched:
+        if self.redis_down_for > 0:
+            self.redis_down_for -= 1
+            raise RedisConnectionError("tokens unavailable")
         if isinstance(self.result, FetchError):
             raise self.result
         return self.result
@@ -44,11 +49,12 @@ def ok(body: bytes, status: int = 200, **headers: str) -> Fetched:
 
 
 class Run:
-    def __init__(self, result: Fetched | FetchError, attempts: int = 0, producer: FakeProducer | None = None):
+    def __init__(self, result: Fetched | FetchError, attempts: int = 0, producer: FakeProducer | None = None,
+                 redis_down_for: int = 0):
         self.redis = FakeRedis()
         self.producer = producer or FakeProducer()
         self.thumbnails = FakeThumbnails()
-        self.task = ImageTask(FakeFetcher(result), inline_analyze, self.thumbnails, self.producer,
+        self.task = ImageTask(FakeFetcher(result, redis_down_for), inline_analyze, self.thumbnails, self.producer,
                               Stats(self.redis), SETTINGS)
         self.request = CrawlRequest("http://example.org/a.jpg", "uuid-1", SOURCE, attempts)
 
@@ -161,3 +167,9 @@ async def test_broker_outage_is_waited_out_not_an_outcome(monkeypatch) -> None:
     run = await Run(ok(image_bytes("JPEG")), producer=FakeProducer(fail_first=3))()
     assert len(run.producer.on(METADATA_TOPIC)) == 1
     assert run.redis.integer(NUM_RESIZED) == 1
+
+
+async def test_redis_outage_before_the_request_is_waited_out(monkeypatch) -> None:
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
+    run = await Run(ok(image_bytes("JPEG")), redis_down_for=2)()
+    assert set(run.outcomes()) == {METADATA_TOPIC}

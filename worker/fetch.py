@@ -18,6 +18,7 @@ from typing import Mapping
 from urllib.parse import urljoin
 
 import aiohttp
+from redis.exceptions import RedisError
 
 from common.contracts import InvalidMessage, source_requests_key, validate_url
 from common.jsonlog import log_event
@@ -71,8 +72,8 @@ class Fetcher:
         except FetchError as exc:
             exc.token_wait = waited
             raise
-        except (ShuttingDown, SourceHalted, asyncio.CancelledError):
-            raise
+        except (ShuttingDown, SourceHalted, RedisError, asyncio.CancelledError):
+            raise  # not the site's doing: RedisError is our infrastructure, waited out by the task
         except Exception as exc:
             raise _classify(exc, waited) from exc
 

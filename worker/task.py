@@ -16,6 +16,8 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
+from redis.exceptions import RedisError
+
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               CrawlRequest, crawl_error_message, exif_message, link_rot_message,
                               quality_message)
@@ -32,13 +34,14 @@ T = TypeVar("T")
 Analyze = Callable[[bytes, int], Awaitable[Analysis]]
 
 
-async def persist(what: str, operation: Callable[[], Awaitable[T]]) -> T:
-    """Run ``operation`` until it succeeds, backing off: for writes to our own infrastructure."""
+async def persist(what: str, operation: Callable[[], Awaitable[T]],
+                  retry_on: tuple[type[Exception], ...] = (Exception,)) -> T:
+    """Run ``operation`` until it succeeds, backing off: for calls to our own infrastructure."""
     delay = INFRA_RETRY_FIRST_DELAY
     while True:
         try:
             return await operation()
-        except Exception as exc:
+        except retry_on as exc:
             log_event("infra_retry", what=what, error=repr(exc)[:500], retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, INFRA_RETRY_MAX_DELAY)
@@ -61,7 +64,8 @@ class ImageTask:
         started = time.monotonic()
         token_wait = 0.0
         try:
-            fetched = await self._fetcher.fetch(request.url, request.source)
+            fetched = await persist("redis_for_fetch", lambda: self._fetcher.fetch(request.url, request.source),
+                                    retry_on=(RedisError,))  # tokens and robots.txt live in Redis
             token_wait = fetched.token_wait
             await self._fetched(request, fetched)
         except FetchError as exc:
