@@ -105,7 +105,8 @@ def run() -> int:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job inherits it ignored
+        signal.signal(signum, _interrupt)
     try:
         code = run()
     except KeyboardInterrupt:

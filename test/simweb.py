@@ -144,11 +144,7 @@ class Site:
 
     def max_in_window(self, window: float = 1.0, times: list[float] | None = None) -> int:
         """Most requests that arrived less than ``window`` seconds apart (a sliding window)."""
-        times = sorted(times if times is not None else (r.time for r in list(self.log)))
-        best = 0
-        for i, start in enumerate(times):
-            best = max(best, bisect.bisect_left(times, start + window, lo=i) - i)
-        return best
+        return peak_window(sorted(times if times is not None else (r.time for r in list(self.log))), window)[0]
 
     def throttled(self) -> list[RequestRecord]:
         return [r for r in list(self.log) if r.status == 429]
@@ -164,9 +160,11 @@ class Site:
         log = [r for r in list(self.log) if r.time >= since]
         fetches = [r for r in log if r.path != ROBOTS_PATH]
         found = []
-        peak = self.max_in_window(1.0, [r.time for r in fetches])
+        times = sorted(r.time for r in fetches)
+        peak, at = peak_window(times, 1.0)
         if peak > rate_limit * 1.1 + 1:
-            found.append(f"{self.spec.name}: {peak} requests in one second, limit {rate_limit:.2f}/s")
+            found.append(f"{self.spec.name}: {peak} requests in one second, limit {rate_limit:.2f}/s "
+                         f"(from {at - times[0]:.2f} s after its first request)")
         if sum(r.path == ROBOTS_PATH for r in log) > robots_fetches:
             found.append(f"{self.spec.name}: robots.txt fetched {sum(r.path == ROBOTS_PATH for r in log)} times")
         if self.max_in_flight > max_connections:
@@ -187,6 +185,16 @@ class Site:
                 found.append(f"{self.spec.name}: {len(early)} requests within Retry-After "
                              f"{self.spec.retry_after}s of a 429")
         return found
+
+
+def peak_window(times: list[float], window: float) -> tuple[int, float]:
+    """(most sorted ``times`` less than ``window`` apart, where that window starts)."""
+    best, at = 0, times[0] if times else 0.0
+    for i, start in enumerate(times):
+        count = bisect.bisect_left(times, start + window, lo=i) - i
+        if count > best:
+            best, at = count, start
+    return best, at
 
 
 class SimWeb:
