@@ -17,7 +17,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from common.contracts import INBOUND_TOPIC, REJECTED_TOPIC, MAX_REJECTED_RAW_BYTES, parse_crawl_request
+from common.contracts import (INBOUND_TOPIC, MAX_REJECTED_RAW_BYTES, REJECTED_TOPIC, parse_crawl_request,
+                              source_topic)
 from common.kafka import consumer_config, producer_config
 from demo.crawl import crawl
 from devstack.servers import free_port, redis_server
@@ -107,6 +108,7 @@ def test_monitor_stopped_requests_stop_then_resume(stack_env, tmp_path: Path, un
 
 # --- Hostile input ---------------------------------------------------------------------
 HOSTILE_COUNT = 1000
+WORKER_HOSTILE_COUNT = 100
 HOSTILE_CRAWL_TIMEOUT = 60.0  # 80 URLs at 4 x 6 req/s
 
 
@@ -179,30 +181,34 @@ def as_rejected_raw(raw: bytes | None) -> str:
 
 def test_hostile_messages_are_rejected_and_nothing_dies(stack_env, kafka_hosts: str, tmp_path: Path,
                                                         unique: str) -> None:
+    """1,000 into inbound_images (the splitter's input) and 100 straight into a source topic
+    (the workers' input, as a buggy producer would): each one a rejected_messages record."""
     messages = hostile_messages(HOSTILE_COUNT)
     assert all(_invalid(m) for m in messages), "the generator made a valid message"
     web, plan = fault_web(f"host{unique[:6]}s", tmp_path, urls_per_source=20)
     first, second = plan[: len(plan) // 2], plan[len(plan) // 2:]
+    worker_topic = source_topic(next(iter(web.sites)))
+    sent = [(INBOUND_TOPIC, m) for m in messages] + [(worker_topic, m) for m in messages[:WORKER_HOSTILE_COUNT]]
+    wanted = Counter((topic, as_rejected_raw(m)) for topic, m in sent)
     started_ms = int(time.time() * 1000)
     with crawl(web, first, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
         producer = Producer(producer_config(kafka_hosts, **{"message.max.bytes": 2_000_000}))
-        for raw in messages:
-            producer.produce(INBOUND_TOPIC, value=raw)
+        for topic, raw in sent:
+            producer.produce(topic, value=raw)
         assert producer.flush(60) == 0
         # Valid URLs after the flood still get their outcomes.
         outcomes.wanted |= {p.uuid for p in second}
         cluster.schedule(write_tsv(web, second, tmp_path / "after.tsv"))
-        rejected = collect_rejected(kafka_hosts, Counter(as_rejected_raw(m) for m in messages), started_ms)
-        missing = Counter(as_rejected_raw(m) for m in messages) - rejected
-        assert not missing, f"{sum(missing.values())} hostile messages not in {REJECTED_TOPIC} " \
-                            f"(see {tmp_path}/monitor.log), e.g. {[k[:80] for k in list(missing)[:5]]}"
+        missing = wanted - collect_rejected(kafka_hosts, wanted, started_ms)
+        assert not missing, f"{sum(missing.values())} hostile messages not in {REJECTED_TOPIC} (see the logs " \
+                            f"in {tmp_path}), e.g. {[(t, raw[:80]) for t, raw in list(missing)[:5]]}"
         assert outcomes.wait(HOSTILE_CRAWL_TIMEOUT, fail_if_dead(cluster)), outcome_report(outcomes, plan)
         assert not cluster.died(), [c.name for c in cluster.died()]
     assert_outcomes(outcomes, plan)
 
 
 def collect_rejected(kafka_hosts: str, wanted: Counter, since_ms: int, timeout: float = 60.0) -> Counter:
-    """``raw`` of every rejected_messages record for inbound_images since ``since_ms``."""
+    """(topic, raw) of every rejected_messages record since ``since_ms``, until ``wanted`` is seen."""
     consumer = Consumer(consumer_config(kafka_hosts, f"rejected-{random.getrandbits(64):x}"))
     consumer.subscribe([REJECTED_TOPIC])
     got: Counter = Counter()
@@ -215,8 +221,7 @@ def collect_rejected(kafka_hosts: str, wanted: Counter, since_ms: int, timeout: 
                 record = json.loads(msg.value())
                 assert set(record) >= {"topic", "raw", "error", "time"}, record
                 assert isinstance(record["error"], str) and record["error"], record
-                if record["topic"] == INBOUND_TOPIC:
-                    got[record["raw"]] += 1
+                got[(record["topic"], record["raw"])] += 1
     finally:
         consumer.close()
     return got
