@@ -107,6 +107,12 @@ def source_requests_key(source: str) -> str:
     return f"num_requests:{source}"
 
 
+def send_pace_key(source: str) -> str:
+    """Held for 1/rate s after each request to a source, so the cluster's requests are evenly
+    spaced (a bucket refilled once a second allows twice the rate within one second)."""
+    return f"send_pace:{source}"
+
+
 # --- Statuses ------------------------------------------------------------
 # Outcomes that say nothing bad about the site's health: never trip a breaker.
 EXPECTED_STATUSES = frozenset(
