@@ -32,7 +32,7 @@ from pathlib import Path
 import aiohttp
 from PIL import Image
 
-from common.contracts import CrawlRequest
+from common.contracts import CrawlRequest, tokens_key
 from common.settings import Settings
 from devstack.servers import free_port
 from test.worker_fakes import AllowAllGate, FakeProducer, FakeRedis, FakeThumbnails
@@ -142,15 +142,11 @@ async def sinks(stack: AsyncExitStack, use_stack: bool):
                            if k.lower() in Settings.__dataclass_fields__})
     redis = aioredis.from_url(addresses.redis_url, decode_responses=True)
     stack.push_async_callback(redis.aclose)
-    redis.decr = _always_a_token  # no regulator here: every request may go
+    await redis.set(tokens_key(SOURCE), 10**12)  # no regulator here: every request may go
     producer = AsyncProducer(producer_config(addresses.kafka_hosts))
     stack.push_async_callback(producer.close)
     thumbnails = await stack.enter_async_context(s3_thumbnails(settings))
     return redis, producer, thumbnails
-
-
-async def _always_a_token(_key: str) -> int:
-    return 1
 
 
 class _NullProducer(FakeProducer):
@@ -161,7 +157,11 @@ class _NullProducer(FakeProducer):
 class _NullRedis(FakeRedis):
     """Tokens always available, writes dropped: what is left is the worker's own cost."""
 
-    decr = staticmethod(_always_a_token)
+    async def get(self, key: str) -> str:
+        return "1000000"
+
+    async def decr(self, key: str) -> int:
+        return 1_000_000
 
     async def incr(self, key: str) -> int:
         return 1

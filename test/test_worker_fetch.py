@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
@@ -171,8 +172,8 @@ async def test_no_token_no_request_and_waiters_do_not_busy_loop(server, session)
     waiters = [asyncio.create_task(fetcher.fetch(url, SOURCE)) for _ in range(100)]
     await asyncio.sleep(1.0)
     assert server.app[USER_AGENTS] == []
-    decrs = sum(1 for call in redis.calls if call == ("decr", tokens_key(SOURCE)))
-    assert decrs <= 15  # one poller for the source, not a hundred
+    polls = sum(1 for call in redis.calls if call[1] == tokens_key(SOURCE))
+    assert polls <= 15  # one poller for the source, not a hundred
     await redis.set(tokens_key(SOURCE), 3)  # the monitor's refill
     await asyncio.sleep(1.0)
     assert len(server.app[USER_AGENTS]) == 3
@@ -184,8 +185,49 @@ async def test_no_token_no_request_and_waiters_do_not_busy_loop(server, session)
 async def test_closing_the_buckets_releases_waiters_with_shutting_down() -> None:
     redis = FakeRedis()
     tokens = TokenBuckets(redis)
-    waiter = asyncio.create_task(tokens.take(SOURCE))
+    waiter = asyncio.create_task(tokens.until_available(SOURCE))
     await asyncio.sleep(0.1)
     tokens.close()
     with pytest.raises(ShuttingDown):
         await waiter
+
+
+async def test_the_token_is_spent_inside_the_host_slot_right_before_sending(server, session) -> None:
+    """A token taken before queueing for a busy host would be sent later, in a burst with others."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 5)
+    seen = []
+
+    class RecordingGate(AllowAllGate):
+        @asynccontextmanager
+        async def host_slot(self, url: str):
+            seen.append(("slot entered", redis.integer(tokens_key(SOURCE))))
+            yield
+
+        async def after_response(self, url, source, status, headers) -> None:
+            seen.append(("response", redis.integer(tokens_key(SOURCE))))
+
+    await make_fetcher(session, redis, RecordingGate()).fetch(str(server.make_url("/image")), SOURCE)
+    assert seen == [("slot entered", 5), ("response", 4)]
+
+
+async def test_requests_to_a_source_are_spaced_across_workers() -> None:
+    """Two workers sharing a full bucket still send at most the rate, evenly spaced."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 1000)
+    sends: list[float] = []
+
+    async def worker() -> None:
+        tokens = TokenBuckets(redis, rate_of=lambda source: 10.0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.0
+        while loop.time() < deadline:
+            async with tokens.one_at_a_time(SOURCE):
+                await tokens.until_available(SOURCE)
+                if await tokens.take(SOURCE):
+                    sends.append(loop.time())
+
+    await asyncio.gather(worker(), worker())
+    sends.sort()
+    assert 2 <= len(sends) <= 12
+    assert min(b - a for a, b in zip(sends, sends[1:])) >= 0.09

@@ -38,6 +38,15 @@ def make(feed, redis, handle, max_tasks=50, producer=None) -> Scheduler:
                      max_tasks=max_tasks, shutdown_timeout=5.0)
 
 
+async def take_token(tokens: TokenBuckets, source: str) -> None:
+    """What the fetcher does around its host slot, without the slot."""
+    async with tokens.one_at_a_time(source):
+        while True:
+            await tokens.until_available(source)
+            if await tokens.take(source):
+                return
+
+
 async def run_until(scheduler: Scheduler, condition, timeout: float = 10.0) -> None:
     runner = asyncio.create_task(scheduler.run())
     try:
@@ -161,7 +170,7 @@ async def test_stop_finishes_requests_in_flight_and_abandons_token_waiters(monke
     finished = []
 
     async def handle(request: CrawlRequest) -> float:
-        await tokens.take(request.source)
+        await take_token(tokens, request.source)
         await asyncio.sleep(0.3)
         finished.append(request.uuid)
         return 0.3
@@ -219,7 +228,7 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their
     done = []
 
     async def handle(request: CrawlRequest) -> float:
-        await tokens.take(request.source)
+        await take_token(tokens, request.source)
         done.append(request.uuid)
         return 0.01
 

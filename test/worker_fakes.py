@@ -5,6 +5,7 @@ import asyncio
 import io
 import json
 import struct
+import time
 import zlib
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,7 +21,9 @@ class FakeRedis:
 
     def __init__(self) -> None:
         self.store: dict[str, Any] = {}
+        self.expiry: dict[str, float] = {}
         self.calls: list[tuple] = []
+        self.now = time.monotonic
 
     async def decr(self, key: str) -> int:
         self.calls.append(("decr", key))
@@ -29,10 +32,28 @@ class FakeRedis:
     async def incr(self, key: str) -> int:
         return self._incrby(key, 1)
 
-    async def set(self, key: str, value: Any) -> None:
+    async def set(self, key: str, value: Any, px: int | None = None, nx: bool = False) -> bool | None:
+        """SET; with PX the key expires on the fake's own clock (``now``)."""
+        self._expire(key)
+        if nx and key in self.store:
+            return None
         self.store[key] = str(value)
+        if px is not None:
+            self.expiry[key] = self.now() + px / 1000
+        return True
+
+    async def pttl(self, key: str) -> int:
+        self._expire(key)
+        if key not in self.store:
+            return -2
+        return int((self.expiry[key] - self.now()) * 1000) if key in self.expiry else -1
+
+    def _expire(self, key: str) -> None:
+        if key in self.expiry and self.expiry[key] <= self.now():
+            del self.store[key], self.expiry[key]
 
     async def get(self, key: str) -> str | None:
+        self.calls.append(("get", key))
         return self.store.get(key)
 
     async def mget(self, keys: list[str]) -> list[str | None]:

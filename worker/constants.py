@@ -37,6 +37,9 @@ MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a mes
 # source's rate (a token every 1/rate s) within these bounds.
 TOKEN_POLL_MIN = 0.05
 TOKEN_POLL_MAX = 0.25
+# Requests to a source are spaced 1 / (rate x margin) apart cluster-wide: a little faster
+# than the rate, so that scheduling delays do not leave a second's tokens unused.
+PACE_MARGIN = 1.05
 
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll

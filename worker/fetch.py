@@ -1,11 +1,13 @@
 """One polite, bounded download: the rate-limited session of SPEC 3.
 
 Every hop (the first URL and each redirect target) is a request of its own:
-it asks the ``RequestGate`` first (robots.txt, address checks), takes a
-token, counts itself in ``num_requests:{source}``, and runs inside the
-gate's host slot. Redirects are followed here rather than by aiohttp for
-exactly that reason. The body is streamed and abandoned past the size cap,
-so a hostile server cannot make us hold more than ``max_image_bytes``.
+it asks the ``RequestGate`` first (robots.txt, address checks), waits for
+its host slot, and only then takes a token and counts itself in
+``num_requests:{source}``, so that it is sent the moment its token is
+spent: tokens held while queueing for a busy host would reach the site in
+bursts. Redirects are followed here rather than by aiohttp for exactly that
+reason. The body is streamed and abandoned past the size cap, so a hostile
+server cannot make us hold more than ``max_image_bytes``.
 
 Whatever goes wrong comes out as one ``FetchError`` whose ``status`` is the
 name recorded in Redis (``Timeout``, ``TooLarge``, ``RobotsDisallowed``...).
@@ -13,6 +15,7 @@ name recorded in Redis (``Timeout``, ``TooLarge``, ``RobotsDisallowed``...).
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urljoin
@@ -61,9 +64,11 @@ class Fetcher:
         try:
             for _hop in range(MAX_REDIRECTS + 1):
                 await self._gate.before_request(url, source)
-                waited += await self._tokens.take(source)
-                await self._redis.incr(source_requests_key(source))
-                status, headers, body = await self._request(url, source)
+                hop_wait, slot = await self._slot_and_token(url, source)
+                waited += hop_wait
+                async with slot:
+                    await self._redis.incr(source_requests_key(source))
+                    status, headers, body = await self._request(url, source)
                 location = headers.get("Location") if status in REDIRECT_STATUSES else None
                 if not location:
                     return Fetched(url, status, headers, body, waited)
@@ -77,14 +82,29 @@ class Fetcher:
         except Exception as exc:
             raise _classify(exc, waited) from exc
 
-    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], bytes]:
-        async with self._gate.host_slot(url):
-            async with self._session.get(url, allow_redirects=False, timeout=TIMEOUT) as response:
+    async def _slot_and_token(self, url: str, source: str) -> tuple[float, AsyncExitStack]:
+        """The host slot, entered, with a token spent inside it; and the seconds waited for tokens."""
+        waited = 0.0
+        async with self._tokens.one_at_a_time(source):
+            while True:
+                waited += await self._tokens.until_available(source)
+                slot = AsyncExitStack()
+                await slot.enter_async_context(self._gate.host_slot(url))
                 try:
-                    body = await self._read_capped(response) if 200 <= response.status < 300 else b""
-                finally:
-                    await self._gate.after_response(url, source, response.status, response.headers)
-                return response.status, response.headers, body
+                    if await self._tokens.take(source):
+                        return waited, slot
+                except BaseException:
+                    await slot.aclose()
+                    raise
+                await slot.aclose()  # another worker took the last token: wait for the next
+
+    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], bytes]:
+        async with self._session.get(url, allow_redirects=False, timeout=TIMEOUT) as response:
+            try:
+                body = await self._read_capped(response) if 200 <= response.status < 300 else b""
+            finally:
+                await self._gate.after_response(url, source, response.status, response.headers)
+            return response.status, response.headers, body
 
     async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
         if (response.content_length or 0) > self._max_bytes:
