@@ -51,18 +51,26 @@ class Child:
         return self.process is not None and self.process.poll() is None
 
     def send(self, signum: int) -> None:
-        """Signal the whole process group (a child's own helpers included)."""
-        if self.alive():
-            try:
+        """SIGKILL takes the whole process group, as a crashed machine would; any other
+        signal goes to the process alone, as an orchestrator sends it (its pool is its own)."""
+        if self.process is None:
+            return
+        try:
+            if signum == signal.SIGKILL:
                 os.killpg(self.pid, signum)
-            except ProcessLookupError:
-                pass
+            elif self.alive():
+                self.process.send_signal(signum)
+        except ProcessLookupError:
+            pass
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_GRACE) -> int | None:
-        """Stop it on purpose (a fault test's SIGKILL, say); returns its exit code."""
+        """Stop it on purpose (a fault test's SIGKILL, say); returns its exit code. Whatever
+        it leaves behind in its group is killed."""
         self.stopped = True
         self.send(signum)
-        return self.wait(timeout)
+        code = self.wait(timeout)
+        self.send(signal.SIGKILL)
+        return code if code is not None else self.wait(10)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -124,10 +132,8 @@ class Cluster:
         codes = {}
         for child in children:
             code = child.wait(max(0.0, deadline - time.monotonic()))
-            if code is None:
-                child.send(signal.SIGKILL)
-                code = child.wait(10)
-            codes[child.name] = code
+            child.send(signal.SIGKILL)  # the stragglers, or what it left behind
+            codes[child.name] = code if code is not None else child.wait(10)
         return codes
 
     def stop(self) -> dict[str, int | None]:
