@@ -34,9 +34,11 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
+    """SIGKILL, not SIGTERM: with the parent gone nobody waits for a graceful
+    stop, and weed ignores SIGTERM for 15 s or more."""
     os.setsid()
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
