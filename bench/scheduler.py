@@ -75,6 +75,12 @@ def serve(ports_path: str, log_path: str) -> None:
     asyncio.run(main())
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (not its children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load(kafka_hosts: str, ports: dict[str, int], seconds: float) -> int:
     producer = Producer(producer_config(kafka_hosts, **{"linger.ms": 50}))
     total = 0
@@ -112,7 +118,9 @@ async def regulate(redis_url: str, stop: asyncio.Event) -> None:
 
 async def run(args: argparse.Namespace) -> None:
     sources = {FAST[0]: FAST[1]} | {s: SLOW for s in SLOW_SOURCES}
-    ports = {source: free_port() for source in sources}
+    ports: dict[str, int] = {}
+    while len(set(ports.values())) < len(sources):  # free_port may hand out a port twice
+        ports = {source: free_port() for source in sources}
     folder = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
     (folder / "ports.json").write_text(json.dumps(ports))
     log_path = str(folder / "arrivals.json")
@@ -120,6 +128,8 @@ async def run(args: argparse.Namespace) -> None:
         site = subprocess.Popen([sys.executable, "-c", f"from bench.scheduler import serve; "
                                  f"serve({str(folder / 'ports.json')!r}, {log_path!r})"], cwd=ROOT)
         while not Path(log_path + ".ready").exists():
+            if site.poll() is not None:
+                raise SystemExit("the sites did not start (a port was taken?): run again")
             time.sleep(0.1)
         redis = aioredis.from_url(stack.redis_url, decode_responses=True)
         await redis.sadd(INBOUND_SOURCES, *sources)
@@ -133,11 +143,15 @@ async def run(args: argparse.Namespace) -> None:
         env = {**os.environ, **stack.environment(), "PYTHONPATH": str(ROOT),
                "CRAWL_ALLOW_PRIVATE_NETWORKS": "true", "CRAWL_PER_HOST_CONNECTIONS": "64"}
         worker_log = open(folder / "worker.log", "wb")
-        worker = subprocess.Popen([sys.executable, "-m", "worker"], cwd=ROOT, env=env,
+        profile = ["-m", "cProfile", "-o", args.profile] if args.profile else []
+        worker = subprocess.Popen([sys.executable, *profile, "-m", "worker"], cwd=ROOT, env=env,
                                   stdout=worker_log, stderr=subprocess.STDOUT)
         started = time.time()
         try:
-            await asyncio.sleep(WARMUP + args.seconds)
+            await asyncio.sleep(WARMUP)
+            cpu_before = process_cpu_seconds(worker.pid)
+            await asyncio.sleep(args.seconds)
+            worker_cpu = process_cpu_seconds(worker.pid) - cpu_before
         finally:
             worker.send_signal(signal.SIGTERM)
             await asyncio.to_thread(worker.wait, 60)
@@ -147,6 +161,9 @@ async def run(args: argparse.Namespace) -> None:
             site.wait(30)
     arrivals = json.loads(Path(log_path).read_text())
     report(arrivals, ports, sources, started + WARMUP, args.seconds, messages, worker.returncode, folder)
+    requests = sum(started + WARMUP <= at < started + WARMUP + args.seconds for _port, at in arrivals)
+    print(f"worker main process: {worker_cpu / args.seconds:.0%} of a core, "
+          f"{worker_cpu * 1000 / max(requests, 1):.2f} ms CPU per request (image pool not counted)")
 
 
 def report(arrivals, ports, sources, window_start: float, seconds: float, messages: int, code: int,
@@ -174,6 +191,7 @@ def report(arrivals, ports, sources, window_start: float, seconds: float, messag
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window after the warm-up")
+    parser.add_argument("--profile", help="write the worker's cProfile statistics to this file")
     asyncio.run(run(parser.parse_args()))
 
 

@@ -83,7 +83,7 @@ async def session():
 
 
 def make_fetcher(session, redis, gate=None, max_bytes: int = 50_000) -> Fetcher:
-    return Fetcher(session, gate or AllowAllGate(), TokenBuckets(redis), redis, max_bytes)
+    return Fetcher(session, gate or AllowAllGate(), TokenBuckets(redis), max_bytes)
 
 
 async def test_image_is_downloaded_with_a_token_and_our_user_agent(server, session) -> None:

@@ -5,7 +5,6 @@ import asyncio
 import io
 import json
 import struct
-import time
 import zlib
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,9 +20,7 @@ class FakeRedis:
 
     def __init__(self) -> None:
         self.store: dict[str, Any] = {}
-        self.expiry: dict[str, float] = {}
         self.calls: list[tuple] = []
-        self.now = time.monotonic
 
     async def decr(self, key: str) -> int:
         self.calls.append(("decr", key))
@@ -32,25 +29,28 @@ class FakeRedis:
     async def incr(self, key: str) -> int:
         return self._incrby(key, 1)
 
-    async def set(self, key: str, value: Any, px: int | None = None, nx: bool = False) -> bool | None:
-        """SET; with PX the key expires on the fake's own clock (``now``)."""
-        self._expire(key)
-        if nx and key in self.store:
-            return None
+    async def set(self, key: str, value: Any, px: int | None = None) -> bool:
         self.store[key] = str(value)
-        if px is not None:
-            self.expiry[key] = self.now() + px / 1000
         return True
 
-    async def pttl(self, key: str) -> int:
-        self._expire(key)
-        if key not in self.store:
-            return -2
-        return int((self.expiry[key] - self.now()) * 1000) if key in self.expiry else -1
+    def register_script(self, script: str):
+        """The worker's one script (tokens.PACED_DECR), run in Python on the same keys."""
+        from worker.tokens import PACED_DECR
+        assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR"
 
-    def _expire(self, key: str) -> None:
-        if key in self.expiry and self.expiry[key] <= self.now():
-            del self.store[key], self.expiry[key]
+        async def paced_decr(keys: list[str], args: list[str]) -> list:
+            pace, bucket, requests = keys
+            now, interval, tolerance = map(float, args)
+            due = float(self.store.get(pace, 0))
+            if due - tolerance > now:
+                return [1, 0, str(due - tolerance - now)]
+            left = await self.decr(bucket)
+            if left >= 0:
+                self._incrby(requests, 1)
+                due = max(due, now) + interval
+                self.store[pace] = str(due)
+            return [0, left, str(max(0.0, due - tolerance - now))]
+        return paced_decr
 
     async def get(self, key: str) -> str | None:
         self.calls.append(("get", key))

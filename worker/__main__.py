@@ -42,8 +42,7 @@ async def run(settings: Settings) -> None:
         async with s3_thumbnails(settings) as thumbnails:
             rates: dict[str, float] = {}
             tokens = TokenBuckets(redis, rate_of=rates.get)
-            fetcher = Fetcher(session, build_gate(settings, redis, session), tokens, redis,
-                              settings.max_image_bytes)
+            fetcher = Fetcher(session, build_gate(settings, redis, session), tokens, settings.max_image_bytes)
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
             scheduler = Scheduler(KafkaFeed(consumer), redis, task.process, producer, tokens, rates,
                                   settings.max_tasks, settings.shutdown_timeout)

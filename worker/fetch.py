@@ -2,8 +2,8 @@
 
 Every hop (the first URL and each redirect target) is a request of its own:
 it asks the ``RequestGate`` first (robots.txt, address checks), waits for
-its host slot, and only then takes a token and counts itself in
-``num_requests:{source}``, so that it is sent the moment its token is
+its host slot, and only then takes a token (which counts it in
+``num_requests:{source}``), so that it is sent the moment its token is
 spent: tokens held while queueing for a busy host would reach the site in
 bursts. Redirects are followed here rather than by aiohttp for exactly that
 reason. The body is streamed and abandoned past the size cap, so a hostile
@@ -23,7 +23,7 @@ from urllib.parse import urljoin
 import aiohttp
 from redis.exceptions import RedisError
 
-from common.contracts import InvalidMessage, source_requests_key, validate_url
+from common.contracts import InvalidMessage, validate_url
 from common.jsonlog import log_event
 from worker.constants import (CONNECT_TIMEOUT, MAX_REDIRECTS, READ_TIMEOUT, REDIRECT_STATUSES,
                               TOTAL_TIMEOUT)
@@ -52,11 +52,10 @@ class FetchError(Exception):
 
 class Fetcher:
     def __init__(self, session: aiohttp.ClientSession, gate: RequestGate, tokens: TokenBuckets,
-                 redis, max_bytes: int):
+                 max_bytes: int):
         self._session = session
         self._gate = gate
         self._tokens = tokens
-        self._redis = redis
         self._max_bytes = max_bytes
 
     async def fetch(self, url: str, source: str) -> Fetched:
@@ -67,7 +66,6 @@ class Fetcher:
                 hop_wait, slot = await self._slot_and_token(url, source)
                 waited += hop_wait
                 async with slot:
-                    await self._redis.incr(source_requests_key(source))
                     status, headers, body = await self._request(url, source)
                 location = headers.get("Location") if status in REDIRECT_STATUSES else None
                 if not location:

@@ -14,9 +14,10 @@ cost one GET every few hundred milliseconds, not hundreds.
 Requests are also spaced across the cluster: a bucket refilled once a
 second lets one second's tokens go at its end and the next second's at the
 start of the next, twice the rate within one second as the site sees it.
-So before its ``DECR`` a worker claims ``send_pace:{source}`` (SET NX with
-a 1/rate expiry, the rate from ``rate_limit:{source}``): requests to a
-source are at least 1/rate apart whichever worker sends them.
+So the ``DECR`` runs in a script that first checks ``send_pace:{source}``,
+the source's next send time (GCRA, the rate from ``rate_limit:{source}``):
+requests to a source are about 1/rate apart whichever worker sends them,
+with a catch-up of a few percent of the rate for a worker that fell behind.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import random
 import time
 from typing import Callable
 
-from common.contracts import send_pace_key, tokens_key
+from common.contracts import send_pace_key, source_requests_key, tokens_key
 from worker.constants import PACE_MARGIN, TOKEN_POLL_MAX, TOKEN_POLL_MIN
 
 
@@ -38,14 +39,37 @@ class SourceHalted(Exception):
     slot is better used elsewhere until the source resumes."""
 
 
+# One round trip per request: the pace check, the DECR and, when a token was had, the INCR
+# of num_requests:{source}. KEYS: send_pace, currtokens, num_requests of the source;
+# ARGV: now (Unix s), interval (s, 0 when the rate is unknown), tolerance (s).
+# Returns {paced, tokens left after DECR, seconds until the next send may go}.
+PACED_DECR = """
+local now, interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local due = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if due - tolerance > now then
+  return {1, 0, tostring(due - tolerance - now)}
+end
+local left = redis.call('DECR', KEYS[2])
+if left >= 0 then
+  redis.call('INCR', KEYS[3])
+  due = math.max(due, now) + interval
+  redis.call('SET', KEYS[1], string.format('%.6f', due), 'PX', math.ceil((due - now) * 1000) + 1000)
+end
+return {0, left, tostring(math.max(0, due - tolerance - now))}
+"""
+
+
 class TokenBuckets:
     def __init__(self, redis, rate_of: Callable[[str], float | None] = lambda source: None):
         self._redis = redis
+        self._paced_decr = redis.register_script(PACED_DECR)
         self._rate_of = rate_of
         self._locks: dict[str, asyncio.Lock] = {}
-        self._closed = asyncio.Event()
+        self._closed = False
+        self._sleepers: set[asyncio.Future] = set()
         self._halted: set[str] = set()
         self._next_send: dict[str, float] = {}  # source -> monotonic time its next token may be spent
+        self._stocked: set[str] = set()  # sources whose last DECR left tokens: no need to peek
 
     def one_at_a_time(self, source: str) -> asyncio.Lock:
         """Held while a task waits for its token, so a source has one poller at a time."""
@@ -56,33 +80,40 @@ class TokenBuckets:
         started = time.monotonic()
         await self._sleep(self._next_send.get(source, 0.0) - started)
         while True:
-            if self._closed.is_set():
+            if self._closed:
                 raise ShuttingDown(source)
             if source in self._halted:
                 raise SourceHalted(source)
-            if _count(await self._redis.get(tokens_key(source))) > 0:
+            if source in self._stocked or _count(await self._redis.get(tokens_key(source))) > 0:
+                self._stocked.discard(source)
                 return time.monotonic() - started
             await self._sleep(self._poll_interval(source))
 
     async def take(self, source: str) -> bool:
-        """Claim the source's send turn, then spend one token: True if the request may go now."""
+        """Claim the source's send turn, spend one token and count the request: True if it may go now."""
         rate = self._rate_of(source)
-        if rate:
-            interval_ms = max(1, int(1000 / (rate * PACE_MARGIN)))
-            if not await self._redis.set(send_pace_key(source), "1", px=interval_ms, nx=True):
-                wait_ms = await self._redis.pttl(send_pace_key(source))
-                self._next_send[source] = time.monotonic() + max(wait_ms, 1) / 1000
-                return False
-            self._next_send[source] = time.monotonic() + interval_ms / 1000
-        return await self._redis.decr(tokens_key(source)) >= 0
+        interval = 1.0 / (rate * PACE_MARGIN) if rate else 0.0  # unknown rate: the bucket alone decides
+        catch_up = int((rate or 0.0) * (PACE_MARGIN - 1.0))  # requests a late worker may send back to back
+        paced, left, wait = await self._paced_decr(
+            keys=[send_pace_key(source), tokens_key(source), source_requests_key(source)],
+            args=[f"{time.time():.6f}", f"{interval:.6f}", f"{catch_up * interval:.6f}"])
+        self._next_send[source] = time.monotonic() + float(wait)
+        if left > 0:
+            self._stocked.add(source)
+        return not paced and left >= 0
 
     async def _sleep(self, seconds: float) -> None:
-        """Sleep, but wake at once when the worker stops."""
-        if seconds > 0:
-            try:
-                await asyncio.wait_for(self._closed.wait(), seconds)
-            except asyncio.TimeoutError:
-                pass
+        """Sleep, but wake at once when the worker stops (cheaper than wait_for on an event)."""
+        if seconds <= 0 or self._closed:
+            return
+        wake = asyncio.get_running_loop().create_future()
+        timer = asyncio.get_running_loop().call_later(seconds, _settle, wake)
+        self._sleepers.add(wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._sleepers.discard(wake)
 
     def _poll_interval(self, source: str) -> float:
         rate = self._rate_of(source) or 0.0
@@ -95,7 +126,9 @@ class TokenBuckets:
 
     def close(self) -> None:
         """Stop handing out tokens: waiting tasks get ShuttingDown at once."""
-        self._closed.set()
+        self._closed = True
+        for wake in list(self._sleepers):
+            _settle(wake)
 
 
 def _count(raw) -> float:
@@ -103,3 +136,8 @@ def _count(raw) -> float:
         return float(raw)
     except (TypeError, ValueError):  # missing or garbled: no tokens (fail closed)
         return 0.0
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
