@@ -21,7 +21,7 @@ def thumb(data: bytes) -> Image.Image:
     return image
 
 
-@pytest.mark.parametrize("quality", [10, 30, 50, 75, 90, 95, 100])
+@pytest.mark.parametrize("quality", [1, 3, 10, 20, 30, 50, 75, 90, 95, 100])
 def test_jpeg_quality_is_estimated_within_two(quality: int) -> None:
     data = image_bytes("JPEG", (32, 32), quality=quality)
     assert abs(analyze(data, TARGET).compression_quality - quality) <= 2
