@@ -23,7 +23,8 @@ from common.kafka import consumer_config, producer_config
 from demo.crawl import crawl
 from devstack.servers import free_port, redis_server
 from test.simweb import DISALLOW_PRIVATE, Behaviour, SimWeb, standard_web, write_tsv
-from test.test_e2e_crawl import assert_outcomes, fail_if_dead, outcome_report, assert_polite
+from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a Kafka per crawl
+from test.test_e2e_crawl import assert_outcomes, assert_polite, fail_if_dead, outcome_report
 
 WORKERS = 2
 TIMEOUT = 150.0
@@ -44,9 +45,9 @@ def requests_between(web: SimWeb, start: float, end: float) -> list:
     return [r for r in web.all_requests() if start < r.time < end]
 
 
-def test_sigkill_one_of_two_workers_mid_crawl(stack_env, tmp_path: Path, unique: str) -> None:
+def test_sigkill_one_of_two_workers_mid_crawl(crawl_env, tmp_path: Path, unique: str) -> None:
     web, plan = fault_web(f"kill{unique[:6]}s", tmp_path)
-    with crawl(web, plan, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
+    with crawl(web, plan, crawl_env, tmp_path, WORKERS) as (cluster, outcomes):
         assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(plan) // 3), outcome_report(outcomes, plan)
         victim = next(c for c in cluster.children if c.name == "worker-1")
         assert victim.stop(signal.SIGKILL) == -signal.SIGKILL
@@ -56,14 +57,14 @@ def test_sigkill_one_of_two_workers_mid_crawl(stack_env, tmp_path: Path, unique:
     assert_polite(web, WORKERS)
 
 
-def test_redis_restart_mid_crawl_workers_wait_and_recover(stack_env, tmp_path: Path, unique: str) -> None:
+def test_redis_restart_mid_crawl_workers_wait_and_recover(crawl_env, tmp_path: Path, unique: str) -> None:
     """The crawl's own Redis on a fixed port, stopped and started again (empty: no persistence)."""
     server, redis_url = redis_server(tmp_path / "redis", port=free_port())
     server.start()
     try:
         server.wait_ready()
         web, plan = fault_web(f"redis{unique[:6]}s", tmp_path)
-        with crawl(web, plan, {**stack_env, "REDIS_URL": redis_url}, tmp_path, WORKERS) as (cluster, outcomes):
+        with crawl(web, plan, {**crawl_env, "REDIS_URL": redis_url}, tmp_path, WORKERS) as (cluster, outcomes):
             assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(plan) // 3), \
                 outcome_report(outcomes, plan)
             server.stop()
@@ -82,11 +83,11 @@ def test_redis_restart_mid_crawl_workers_wait_and_recover(stack_env, tmp_path: P
     assert_polite(web, WORKERS, robots_fetches=2)
 
 
-def test_monitor_stopped_requests_stop_then_resume(stack_env, tmp_path: Path, unique: str) -> None:
+def test_monitor_stopped_requests_stop_then_resume(crawl_env, tmp_path: Path, unique: str) -> None:
     """Once with SIGTERM (buckets emptied on the way out), once with SIGKILL (buckets expire)."""
     web, plan = fault_web(f"mon{unique[:6]}s", tmp_path)
     pauses = []
-    with crawl(web, plan, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
+    with crawl(web, plan, crawl_env, tmp_path, WORKERS) as (cluster, outcomes):
         for fraction, signum in ((0.25, signal.SIGTERM), (0.55, signal.SIGKILL)):
             assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=int(len(plan) * fraction)), \
                 outcome_report(outcomes, plan)
@@ -179,8 +180,7 @@ def as_rejected_raw(raw: bytes | None) -> str:
     return (raw or b"")[:MAX_REJECTED_RAW_BYTES].decode("utf-8", errors="replace")
 
 
-def test_hostile_messages_are_rejected_and_nothing_dies(stack_env, kafka_hosts: str, tmp_path: Path,
-                                                        unique: str) -> None:
+def test_hostile_messages_are_rejected_and_nothing_dies(crawl_env, tmp_path: Path, unique: str) -> None:
     """1,000 into inbound_images (the splitter's input) and 100 straight into a source topic
     (the workers' input, as a buggy producer would): each one a rejected_messages record."""
     messages = hostile_messages(HOSTILE_COUNT)
@@ -191,15 +191,15 @@ def test_hostile_messages_are_rejected_and_nothing_dies(stack_env, kafka_hosts: 
     sent = [(INBOUND_TOPIC, m) for m in messages] + [(worker_topic, m) for m in messages[:WORKER_HOSTILE_COUNT]]
     wanted = Counter((topic, as_rejected_raw(m)) for topic, m in sent)
     started_ms = int(time.time() * 1000)
-    with crawl(web, first, stack_env, tmp_path, WORKERS) as (cluster, outcomes):
-        producer = Producer(producer_config(kafka_hosts, **{"message.max.bytes": 2_000_000}))
+    with crawl(web, first, crawl_env, tmp_path, WORKERS) as (cluster, outcomes):
+        producer = Producer(producer_config(crawl_env["KAFKA_HOSTS"], **{"message.max.bytes": 2_000_000}))
         for topic, raw in sent:
             producer.produce(topic, value=raw)
         assert producer.flush(60) == 0
         # Valid URLs after the flood still get their outcomes.
         outcomes.wanted |= {p.uuid for p in second}
         cluster.schedule(write_tsv(web, second, tmp_path / "after.tsv"))
-        missing = wanted - collect_rejected(kafka_hosts, wanted, started_ms)
+        missing = wanted - collect_rejected(crawl_env["KAFKA_HOSTS"], wanted, started_ms)
         assert not missing, f"{sum(missing.values())} hostile messages not in {REJECTED_TOPIC} (see the logs " \
                             f"in {tmp_path}), e.g. {[(t, raw[:80]) for t, raw in list(missing)[:5]]}"
         assert outcomes.wait(HOSTILE_CRAWL_TIMEOUT, fail_if_dead(cluster)), outcome_report(outcomes, plan)
