@@ -91,10 +91,10 @@ def run() -> int:
     not_polite = [r.user_agent for s in web.sites.values() for r in s.log if r.user_agent != DEFAULT_USER_AGENT]
     print(f"requests without the crawler's User-Agent: {len(not_polite)}")
     print(f"\nresults in {OUT}/:")
-    print(f"  thumbnails/           {thumbnails} JPEGs from S3 (at most 640 px on the longer side)")
+    print(f"  {'thumbnails/':<30}{thumbnails} JPEGs from S3 (at most 640 px on the longer side)")
     for path in topic_files:
-        print(f"  {path.name:<22}{sum(1 for _ in open(path))} messages")
-    print("  requests.jsonl        every request the sample site received (its own log)")
+        print(f"  {path.name:<30}{sum(1 for _ in open(path))} messages")
+    print(f"  {'requests.jsonl':<30}every request the sample site received (its own log)")
     print("  monitor.log, worker-N.log, tsv_producer.log, urls.tsv, sources.json")
     print(f"exit codes: {codes}; {time.monotonic() - started:.0f} s in all")
     if not complete:

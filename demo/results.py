@@ -86,12 +86,14 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
 
 
 def format_table(rows: list[SourceRow]) -> str:
+    """``polite``: the busiest second stayed within the limit plus 10% and one request."""
     header = (f"{'source':<18}{'urls':>6}{'ok':>6}{'rot':>6}{'errors':>8}{'requests':>10}"
-              f"{'mean req/s':>12}{'peak 1s':>9}{'limit/s':>9}")
+              f"{'mean req/s':>12}{'peak 1s':>9}{'limit/s':>9}{'polite':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
+        polite = "yes" if r.peak_rps <= r.limit * 1.1 + 1 else "NO"
         lines.append(f"{r.source:<18}{r.urls:>6}{r.successes:>6}{r.link_rot:>6}{r.errors:>8}"
-                     f"{r.requests:>10}{r.mean_rps:>12.2f}{r.peak_rps:>9}{r.limit:>9.2f}")
+                     f"{r.requests:>10}{r.mean_rps:>12.2f}{r.peak_rps:>9}{r.limit:>9.2f}{polite:>8}")
     return "\n".join(lines)
 
 
