@@ -214,9 +214,16 @@ async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
         await redis.sadd(INBOUND_SOURCES, "b")
         while len(feed.subscriptions) < 2:
             await asyncio.sleep(0.01)
+        await redis.srem(INBOUND_SOURCES, "a", "b")  # Redis restarted empty
+        redis.store.pop(rate_limit_key("a"))
+        await redis.sadd(INBOUND_SOURCES, "c")
+        while len(feed.subscriptions) < 3:
+            await asyncio.sleep(0.01)
     scheduler.stop()
     await runner
-    assert feed.subscriptions == [[source_topic("a")], [source_topic("a"), source_topic("b")]]
+    assert feed.subscriptions == [[source_topic("a")], [source_topic("a"), source_topic("b")],
+                                  [source_topic("a"), source_topic("b"), source_topic("c")]]
+    assert scheduler.rates == {"a": 1.0}  # kept, though its key is gone
 
 
 async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their_urls(monkeypatch) -> None:

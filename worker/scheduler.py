@@ -106,17 +106,19 @@ class Scheduler:
             return
         self._halted = set(halted) | set(temp_halted)
         self._tokens.halt(self._halted)
+        # A rate or a source missing from Redis (restarted empty, say) keeps its last known
+        # value: forgetting the rate would stop the pacing, forgetting the source its topic.
         parsed = {source: _as_rate(raw) for source, raw in zip(names, rates)}
-        self.rates.clear()
         self.rates.update({source: rate for source, rate in parsed.items() if rate is not None})
-        if set(names) != self._sources:
+        if not set(names) <= self._sources:
+            known = self._sources | set(names)
             try:
-                await self._feed.subscribe([source_topic(s) for s in names])
+                await self._feed.subscribe([source_topic(s) for s in sorted(known)])
             except Exception as exc:  # e.g. a name Kafka rejects: retried at the next refresh
                 log_event("worker_subscribe_failed", error=repr(exc)[:300])
                 return
-            self._sources = set(names)
-            log_event("worker_subscribed", sources=len(names))
+            self._sources = known
+            log_event("worker_subscribed", sources=len(known))
 
     # --- partitions and messages ----------------------------------------------
     def _rebalanced(self, assigned: list[TP], revoked: list[TP]) -> None:
@@ -132,6 +134,9 @@ class Scheduler:
         for tp in assigned:
             self._assigned.add(tp)
             self._paused.discard(tp)
+        if assigned or revoked:
+            log_event("worker_partitions", assigned=len(assigned), revoked=len(revoked),
+                      now_owned=len(self._assigned))
 
     def _accept(self, record: Record) -> None:
         tp = (record.topic, record.partition)
