@@ -9,7 +9,6 @@ broken files, all generated deterministically (no download).
 """
 from __future__ import annotations
 
-import io
 import random
 import uuid as uuidlib
 from dataclasses import dataclass
