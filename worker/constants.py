@@ -40,7 +40,7 @@ TOKEN_POLL_MAX = 0.25
 # Requests to a source are spaced 1 / (rate x margin) apart cluster-wide, with a catch-up of
 # (margin - 1) x rate requests: a little faster than the rate, so that scheduling delays do
 # not leave a second's tokens unused, and at most ~(2 x margin - 1) x rate + 1 in any second.
-PACE_MARGIN = 1.04
+PACE_MARGIN = 1.03
 
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
