@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.contracts import retry_after_key
+from common.contracts import retry_after_key, tokens_key
 from worker.politeness.retry_after import (DEFAULT_PAUSE_SECONDS, MAX_PAUSE_SECONDS,
                                            extend_pause, parse_retry_after, pause_seconds)
 
@@ -43,3 +43,13 @@ async def test_pause_only_ever_extends(redis_client):
     await extend_pause(redis_client, "flickr", 30.2, NOW)    # ends later: wins, rounded up
     assert int(await redis_client.get(key)) == NOW + 31
     assert await redis_client.get(retry_after_key("other")) is None
+
+
+async def test_a_pause_empties_the_bucket_at_once(redis_client):
+    """The monitor applies a pause at its next tick; this second's tokens must not go out."""
+    await redis_client.set(tokens_key("flickr"), 40, px=1500)
+    await extend_pause(redis_client, "flickr", 5, NOW)
+    assert int(await redis_client.get(tokens_key("flickr"))) == 0
+    assert 0 < await redis_client.pttl(tokens_key("flickr")) <= 1500  # the monitor's expiry kept
+    await extend_pause(redis_client, "quiet", 5, NOW)
+    assert await redis_client.get(tokens_key("quiet")) is None  # no bucket: none created

@@ -178,3 +178,39 @@ async def test_waits_for_the_worker_holding_the_lock(redis_client):
     with pytest.raises(Refused):
         await asyncio.wait_for(waiting, 5)
     assert calls == []
+
+
+class SlowAfterFirstRead:
+    """A Redis client whose first GET answers only after another worker has stored the file."""
+
+    def __init__(self, redis, stored: asyncio.Event):
+        self._redis, self._stored, self._first = redis, stored, True
+
+    async def get(self, key):
+        value = await self._redis.get(key)
+        if self._first:
+            self._first = False
+            await self._stored.wait()
+        return value
+
+    def __getattr__(self, name):
+        return getattr(self._redis, name)
+
+
+async def test_a_worker_that_read_an_empty_cache_does_not_fetch_again(redis_client):
+    """Worker B reads (empty), A fetches and stores, B takes the free lock: B must not fetch."""
+    stored = asyncio.Event()
+    fetch, calls = counting_fetch(RobotsFile(RULES, "User-agent: *\nDisallow: /no\n"))
+
+    async def fetch_then_signal(origin: str) -> RobotsFile:
+        file = await fetch(origin)
+        asyncio.get_running_loop().call_later(0.05, stored.set)  # after A stored it and unlocked
+        return file
+
+    worker_a = RobotsCache(redis_client, fetch_then_signal, TOKEN)
+    worker_b = RobotsCache(SlowAfterFirstRead(redis_client, stored), fetch, TOKEN)
+    b_checking = asyncio.create_task(worker_b.check("http://race.example/b"))
+    await asyncio.sleep(0.01)
+    await worker_a.check("http://race.example/a")
+    await b_checking
+    assert calls == ["http://race.example:80"]

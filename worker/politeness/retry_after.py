@@ -11,7 +11,7 @@ import math
 from email.utils import parsedate_to_datetime
 from typing import Mapping
 
-from common.contracts import retry_after_key
+from common.contracts import retry_after_key, tokens_key
 
 PAUSE_STATUSES = frozenset({429, 503})
 MAX_PAUSE_SECONDS = 3600
@@ -21,9 +21,14 @@ MAX_PAUSE_SECONDS = 3600
 DEFAULT_PAUSE_SECONDS = 60
 
 # Set the pause only if it is later than the one stored: never shorten a pause.
+# Also empty the source's bucket at once: the monitor applies the pause only at
+# its next tick, and the rest of this second's tokens must not reach the site.
 _EXTEND_PAUSE = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local until_ = tonumber(ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('SET', KEYS[2], '0', 'KEEPTTL')
+end
 if until_ > current then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
   return 1
@@ -62,5 +67,5 @@ async def extend_pause(redis, source: str, seconds: float, now: float) -> int:
     """Pause source until now+seconds unless a later pause is stored; return now+seconds."""
     until = math.ceil(now + seconds)
     ttl = max(1, until - math.floor(now)) + 60
-    await redis.eval(_EXTEND_PAUSE, 1, retry_after_key(source), str(until), str(ttl))
+    await redis.eval(_EXTEND_PAUSE, 2, retry_after_key(source), tokens_key(source), str(until), str(ttl))
     return until

@@ -170,6 +170,11 @@ class RobotsCache:
             if raw is not None:
                 return RobotsFile.from_json(raw), MEMORY_SECONDS
             if await self._redis.set(lock, me, nx=True, ex=LOCK_SECONDS):
+                # Another worker may have stored the file between our read and our lock.
+                raw = await self._redis.get(robots_key(origin))
+                if raw is not None:
+                    await self._redis.delete(lock)
+                    return RobotsFile.from_json(raw), MEMORY_SECONDS
                 try:
                     file = await self._fetch(origin)
                     await self._redis.set(robots_key(origin), file.to_json(), ex=file.ttl)
