@@ -5,7 +5,7 @@ PIPENV := PIPENV_VENV_IN_PROJECT=1 PIPENV_YES=1 PIPENV_NOSPIN=1 PIPENV_QUIET=1 $
 VENV_PY := .venv/bin/python
 PIPENV_VERSION := 2026.10.3
 
-.PHONY: demo test install stack bench clean
+.PHONY: demo test install stack clean
 
 .venv/installed: Pipfile
 	$(PYTHON) -m pipenv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "pipenv==$(PIPENV_VERSION)"
@@ -27,9 +27,6 @@ test: install
 	  || { echo "error: apt-get could not install chromium and chromium-driver (needs root on Debian/Ubuntu); install them and rerun make test" >&2; exit 1; }; \
 	fi
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
-
-bench: install
-	$(VENV_PY) -m bench
 
 clean:
 	rm -rf .venv .devstack out
