@@ -9,6 +9,7 @@ dead monitor leaves empty buckets behind and the crawl stops (fail closed).
 from __future__ import annotations
 
 import math
+import zlib
 from datetime import datetime, timezone
 from typing import Any
 
@@ -93,7 +94,9 @@ class Regulator:
         if rate <= 0:
             self._credit.pop(source, None)
             return 0
-        credit = self._credit.get(source, 0.0) + rate
+        # Each source starts at its own phase, so sources below 1 req/s don't all
+        # get their token in the same second (a worker would idle every other one).
+        credit = self._credit.get(source, zlib.crc32(source.encode()) / 2**32) + rate
         tokens = math.floor(credit + _EPSILON)
         self._credit[source] = max(0.0, credit - tokens)
         return tokens

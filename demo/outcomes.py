@@ -20,7 +20,8 @@ from confluent_kafka import Consumer
 from common.contracts import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC
 from common.kafka import consumer_config, ensure_topics
 
-QUALITY, LINK_ROT, CRAWL_ERRORS = "quality", "link_rot", "crawl_errors"
+QUALITY = "quality"
+LINK_ROT, CRAWL_ERRORS = LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC  # those kinds are named after their topics
 OUTCOME_TOPICS = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC)
 TOPIC_KIND = {LINK_ROT_TOPIC: LINK_ROT, CRAWL_ERRORS_TOPIC: CRAWL_ERRORS}
 

@@ -16,7 +16,7 @@ from typing import Mapping
 import botocore.session
 import redis
 
-from common.contracts import rate_limit_key
+from common.contracts import CRAWL_ERRORS_TOPIC, rate_limit_key
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
@@ -99,7 +99,7 @@ def format_table(rows: list[SourceRow]) -> str:
 
 def error_reasons(outcomes: Outcomes) -> Mapping[str, int]:
     reasons: dict[str, int] = {}
-    for message in outcomes.messages.get("crawl_errors", []):
+    for message in outcomes.messages.get(CRAWL_ERRORS_TOPIC, []):
         reason = str(message.get("reason"))
         reasons[reason] = reasons.get(reason, 0) + 1
     return reasons

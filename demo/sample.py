@@ -17,6 +17,7 @@ import numpy as np
 import skimage.data
 from PIL import Image
 
+from demo.outcomes import CRAWL_ERRORS, LINK_ROT
 from test.simweb import BROKEN_BODIES, DISALLOW_PRIVATE, Planned, SiteSpec, encode
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "camera", "rocket", "cat", "hubble_deep_field",
@@ -82,14 +83,14 @@ def sample_web(seed: int = 6) -> tuple[list[SiteSpec], list[Planned]]:
             ext, body = variant(rng, photos)
             roll = k % 20
             if roll == 7:
-                path, expect = f"/gone/{k}.jpg", "link_rot"
+                path, expect = f"/gone/{k}.jpg", LINK_ROT
             elif roll == 13:
-                path, expect = f"/photos/{k}-deleted.jpg", "link_rot"
+                path, expect = f"/photos/{k}-deleted.jpg", LINK_ROT
             elif roll == 17:
-                path, expect = f"/photos/{k}.jpg", "crawl_errors"
+                path, expect = f"/photos/{k}.jpg", CRAWL_ERRORS
                 files[path] = rng.choice(BROKEN_BODIES + (truncated(body),))
             elif roll == 3 and source.robots_txt:
-                path, expect = f"/private/{k}.{ext}", "crawl_errors"
+                path, expect = f"/private/{k}.{ext}", CRAWL_ERRORS
                 files[path] = body
             else:
                 path, expect = f"/photos/{k}.{ext}", "quality"

@@ -7,9 +7,11 @@ hop of a request, the first URL and each redirect target, in this order:
    (``RobotsDisallowed``, ``ForbiddenAddress``) before any token is spent;
    waits while the host's robots.txt is being fetched by whichever worker
    got there first.
-2. the fetcher takes a ``currtokens:{source}`` token.
-3. ``async with gate.host_slot(url):`` around the request itself: the
-   per-host concurrency cap and Crawl-delay spacing.
+2. ``async with gate.host_slot(url):`` the per-host concurrency cap and the
+   Crawl-delay turn.
+3. inside the slot the fetcher takes a ``currtokens:{source}`` token and
+   sends at once (a token taken before a wait for the slot would reach the
+   site in a burst with later ones).
 4. ``await gate.after_response(url, source, status, headers)``: Retry-After
    on 429/503 pauses the source for the whole cluster.
 """
