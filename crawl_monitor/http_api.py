@@ -318,7 +318,9 @@ async def start_http_api(settings_or_port: Settings | int, redis: Redis, latest_
                          *, host: str = "0.0.0.0", sample_every: float = SAMPLE_SECONDS) -> web.AppRunner:
     """Serve until ``await runner.cleanup()``; see the module docstring."""
     port = settings_or_port if isinstance(settings_or_port, int) else settings_or_port.monitor_port
-    runner = web.AppRunner(make_app(redis, latest_update, sample_every), access_log=None)
+    # A dashboard needs no long goodbye: in-flight requests get 2 s, not aiohttp's 60.
+    runner = web.AppRunner(make_app(redis, latest_update, sample_every), access_log=None,
+                           shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

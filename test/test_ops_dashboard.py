@@ -94,17 +94,24 @@ def load_dashboard(url: str, screenshot: Path) -> dict:
 
 
 async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
-        redis_client, tmp_path, monkeypatch) -> None:
+        redis_client, redis_url, tmp_path, monkeypatch) -> None:
     await seed(redis_client)
     monkeypatch.setattr(http_api, "History", HourOfHistory)
     screenshot = tmp_path / "dashboard.png"
+    # The fake worker has a client of its own: cancelling it mid-command must not
+    # leave a half-read connection in the pool the server's handlers use.
+    worker_redis = redis_client.__class__.from_url(redis_url)
     async with serve(redis_client, monitoring_update, sample_every=0.5) as base:
-        worker = asyncio.create_task(fake_worker(redis_client))
+        worker = asyncio.create_task(fake_worker(worker_redis))
         try:
             await asyncio.sleep(1.2)  # two samples apart: an achieved rate to show
-            page = await asyncio.to_thread(load_dashboard, f"{base}/", screenshot)
+            page = await asyncio.wait_for(
+                asyncio.to_thread(load_dashboard, f"{base}/", screenshot), timeout=120)
         finally:
             worker.cancel()
+            with suppress(asyncio.CancelledError):
+                await worker
+            await worker_redis.aclose()
     sys.__stderr__.write(f"\n[dashboard] screenshot: {screenshot}\n")
     cells = page["rows"]
     assert list(cells) == ["animaldiversity", "flickr", "phylopic"]
