@@ -231,3 +231,24 @@ async def test_requests_to_a_source_are_spaced_across_workers() -> None:
     sends.sort()
     assert 2 <= len(sends) <= 12
     assert min(b - a for a, b in zip(sends, sends[1:])) >= 0.09
+
+
+async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
+    """During a Retry-After pause the monitor publishes rate 0; when the bucket refills,
+    before the worker sees the rate again, requests must still be spaced (a 429 site saw 48/s at 40/s)."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 1000)
+    rates = {SOURCE: 10.0}
+    tokens = TokenBuckets(redis, rate_of=rates.get)
+    assert await tokens.take(SOURCE)          # the worker has seen the rate once
+    rates[SOURCE] = 0.0                        # paused: the monitor says 0, the bucket refills
+    loop = asyncio.get_running_loop()
+    sends: list[float] = []
+    deadline = loop.time() + 1.0
+    while loop.time() < deadline:
+        async with tokens.one_at_a_time(SOURCE):
+            await tokens.until_available(SOURCE)
+            if await tokens.take(SOURCE):
+                sends.append(loop.time())
+    assert 1 <= len(sends) <= 11
+    assert min((b - a for a, b in zip(sends, sends[1:])), default=1.0) >= 0.09

@@ -64,6 +64,7 @@ class TokenBuckets:
         self._redis = redis
         self._paced_decr = redis.register_script(PACED_DECR)
         self._rate_of = rate_of
+        self._last_rate: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
         self._sleepers: set[asyncio.Future] = set()
@@ -89,9 +90,19 @@ class TokenBuckets:
                 return time.monotonic() - started
             await self._sleep(self._poll_interval(source))
 
+    def _pacing_rate(self, source: str) -> float | None:
+        """The rate to space requests by. While a source is paused or halted the monitor
+        publishes 0; when the pause ends the bucket refills before this worker's view of
+        the rate does, so pacing keeps the last positive rate instead of switching off."""
+        rate = self._rate_of(source)
+        if rate:
+            self._last_rate[source] = rate
+            return rate
+        return self._last_rate.get(source)
+
     async def take(self, source: str) -> bool:
         """Claim the source's send turn, spend one token and count the request: True if it may go now."""
-        rate = self._rate_of(source)
+        rate = self._pacing_rate(source)
         interval = 1.0 / (rate * PACE_MARGIN) if rate else 0.0  # unknown rate: the bucket alone decides
         catch_up = int((rate or 0.0) * (PACE_MARGIN - 1.0))  # requests a late worker may send back to back
         paced, left, wait = await self._paced_decr(
