@@ -28,10 +28,23 @@ from devstack.servers import (DEV_CREDENTIALS, Server, create_bucket, kafka_serv
 BUCKET = "cc-image-analysis"
 
 
+_config = None
+
+
+def pytest_configure(config) -> None:
+    global _config
+    _config = config
+
+
 def announce(message: str) -> None:
-    """Say which real server the run uses, whatever pytest captures."""
-    sys.__stderr__.write(f"\n[servers] {message}\n")
-    sys.__stderr__.flush()
+    """Say which real server the run uses: pytest's reporter writes past its capture."""
+    reporter = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+    capture = _config.pluginmanager.get_plugin("capturemanager") if _config else None
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"[servers] {message}")
+    else:
+        sys.__stderr__.write(f"[servers] {message}\n")
 
 
 def _serve(make, tmp_path_factory, name: str) -> Iterator[str]:
