@@ -13,13 +13,10 @@ _DIRECTIVES_WITH_VALUES = {"unavailable_after", "max-snippet", "max-image-previe
 NO_THUMBNAIL_DIRECTIVES = frozenset({"noindex", "noimageindex", "none"})
 
 
-def product_token(user_agent: str) -> str:
-    """``cc-image-crawler`` from ``cc-image-crawler/1.0 (+https://...)``."""
-    return user_agent.split("/", 1)[0].strip().lower()
-
-
 def applicable_directives(header_values: Iterable[str], token: str) -> list[str]:
-    """Directives, lower-cased, from every X-Robots-Tag value meant for everyone or for ``token``."""
+    """Directives, lower-cased, from every X-Robots-Tag value meant for everyone or for
+    ``token`` (the user-agent product token, matched case-insensitively)."""
+    token = token.lower()
     found: list[str] = []
     for value in header_values:
         name, colon, rest = value.partition(":")

@@ -27,7 +27,8 @@ from worker.constants import (INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LI
                               NOT_SENT_STATUSES, RETRYABLE_NAMES)
 from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
-from worker.robots_tag import applicable_directives, forbids_thumbnail, product_token
+from worker.politeness.robots import product_token
+from worker.robots_tag import applicable_directives, forbids_thumbnail
 from worker.stats import Stats
 
 T = TypeVar("T")
