@@ -211,23 +211,25 @@ async def test_the_token_is_spent_inside_the_host_slot_right_before_sending(serv
     assert seen == [("slot entered", 5), ("response", 4)]
 
 
+async def send_for_a_second(tokens: TokenBuckets, sends: list[float]) -> None:
+    """Send as a worker would for one second, noting each send's time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 1.0
+    while loop.time() < deadline:
+        async with tokens.one_at_a_time(SOURCE):
+            await tokens.until_available(SOURCE)
+            if await tokens.take(SOURCE):
+                sends.append(loop.time())
+
+
 async def test_requests_to_a_source_are_spaced_across_workers() -> None:
     """Two workers sharing a full bucket still send at most the rate, evenly spaced."""
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 1000)
     sends: list[float] = []
 
-    async def worker() -> None:
-        tokens = TokenBuckets(redis, rate_of=lambda source: 10.0)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 1.0
-        while loop.time() < deadline:
-            async with tokens.one_at_a_time(SOURCE):
-                await tokens.until_available(SOURCE)
-                if await tokens.take(SOURCE):
-                    sends.append(loop.time())
-
-    await asyncio.gather(worker(), worker())
+    await asyncio.gather(*(send_for_a_second(TokenBuckets(redis, rate_of=lambda source: 10.0), sends)
+                           for _ in range(2)))
     sends.sort()
     assert 2 <= len(sends) <= 12
     assert min(b - a for a, b in zip(sends, sends[1:])) >= 0.09
@@ -242,13 +244,7 @@ async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
     tokens = TokenBuckets(redis, rate_of=rates.get)
     assert await tokens.take(SOURCE)          # the worker has seen the rate once
     rates[SOURCE] = 0.0                        # paused: the monitor says 0, the bucket refills
-    loop = asyncio.get_running_loop()
     sends: list[float] = []
-    deadline = loop.time() + 1.0
-    while loop.time() < deadline:
-        async with tokens.one_at_a_time(SOURCE):
-            await tokens.until_available(SOURCE)
-            if await tokens.take(SOURCE):
-                sends.append(loop.time())
+    await send_for_a_second(tokens, sends)
     assert 1 <= len(sends) <= 11
     assert min((b - a for a, b in zip(sends, sends[1:])), default=1.0) >= 0.09
