@@ -78,8 +78,27 @@ def serve(ports_path: str, log_path: str) -> None:
 
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU of one process (not its children), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return _cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process's main thread (the event loop), from /proc."""
+    return _cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _cpu_seconds(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def redis_calls(redis_url: str) -> dict[str, int]:
+    """Commands served by Redis so far, by name (INFO commandstats): what a request costs in round trips."""
+    redis = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        stats = await redis.info("commandstats")
+    finally:
+        await redis.aclose()
+    return {name.removeprefix("cmdstat_"): int(values["calls"]) for name, values in stats.items()}
 
 
 def load(kafka_hosts: str, ports: dict[str, int], seconds: float) -> int:
@@ -150,9 +169,12 @@ async def run(args: argparse.Namespace) -> None:
         started = time.time()
         try:
             await asyncio.sleep(WARMUP)
-            cpu_before = process_cpu_seconds(worker.pid)
+            cpu_before, main_before = process_cpu_seconds(worker.pid), main_thread_cpu_seconds(worker.pid)
+            calls_before = await redis_calls(stack.redis_url)
             await asyncio.sleep(args.seconds)
             worker_cpu = process_cpu_seconds(worker.pid) - cpu_before
+            main_cpu = main_thread_cpu_seconds(worker.pid) - main_before
+            calls_after = await redis_calls(stack.redis_url)
         finally:
             worker.send_signal(signal.SIGTERM)
             await asyncio.to_thread(worker.wait, 60)
@@ -164,7 +186,13 @@ async def run(args: argparse.Namespace) -> None:
     report(arrivals, ports, sources, started + WARMUP, args.seconds, messages, worker.returncode, folder)
     requests = sum(started + WARMUP <= at < started + WARMUP + args.seconds for _port, at in arrivals)
     print(f"worker main process: {worker_cpu / args.seconds:.0%} of a core, "
-          f"{worker_cpu * 1000 / max(requests, 1):.2f} ms CPU per request (image pool not counted)")
+          f"{worker_cpu * 1000 / max(requests, 1):.2f} ms CPU per request (image pool not counted); "
+          f"its event-loop thread {main_cpu * 1000 / max(requests, 1):.2f} ms")
+    # Everyone's commands (the regulator's too, which do not scale with requests); the worker's dominate.
+    calls = {name: n - calls_before.get(name, 0) for name, n in calls_after.items()}
+    calls = {name: n for name, n in sorted(calls.items(), key=lambda item: -item[1]) if n}
+    print(f"redis commands per request: {sum(calls.values()) / max(requests, 1):.1f} ("
+          + ", ".join(f"{name} {n / max(requests, 1):.2f}" for name, n in list(calls.items())[:8]) + ")")
 
 
 def peak_per_second(times: list[float]) -> int:
