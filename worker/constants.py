@@ -32,6 +32,22 @@ MAX_IMAGE_PIXELS = 89_478_485
 THUMBNAIL_JPEG_QUALITY = 85
 MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a message at ~1 MB
 
+# --- Handing bytes to the pool (worker/pool.py) ----------------------------------
+# Downloads reach the pool processes through reusable shared-memory segments,
+# this many per pool process (one being read, one being filled). A segment
+# grows to the largest body it carried, rounded up to SHARED_SEGMENT_STEP;
+# bodies above SHARED_SEGMENT_MAX (rare) go through the executor's pipe instead,
+# which bounds the shared memory at processes x per-process x max.
+SHARED_SEGMENTS_PER_PROCESS = 2
+SHARED_SEGMENT_STEP = 1 << 20
+SHARED_SEGMENT_MAX = 16 << 20
+POOL_ATTACHED_SEGMENTS = 32   # segments a pool process keeps mapped (old ones after a resize)
+
+# --- Statistics (worker/stats.py) ---------------------------------------------
+# Seconds between trims of a source's status windows (status60s/1hr/12hr): a
+# trim per outcome was three of the ten commands of every outcome's pipeline.
+STATS_TRIM_INTERVAL = 1.0
+
 # --- Token buckets (worker/tokens.py) -----------------------------------------
 # An empty bucket is polled by one task per source; the interval follows the
 # source's rate (a token every 1/rate s) within these bounds.
