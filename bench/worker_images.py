@@ -6,7 +6,9 @@ each corpus, side by side in one run:
 
 - bare: decode, thumbnail, encode in a process pool of the pool's size;
 - worker: ``ImageTask.process`` per URL (fetch with tokens and gate, the
-  process pool's ``analyze``, thumbnail store, Kafka messages, Redis stats).
+  process pool's ``analyze``, thumbnail store, Kafka messages, Redis stats);
+- download: a plain aiohttp GET of the same URLs in the same process, the
+  least CPU any client here pays to receive the bytes (shown for scale).
 
 Kafka, Redis and S3 are in-memory stand-ins by default, so "CPU outside the
 image work" (the worker process's own CPU per image; the pool's CPU is not
@@ -130,6 +132,23 @@ async def run_worker(task: ImageTask, urls: list[str], seconds: float, concurren
     return done, time.perf_counter() - started, time.process_time() - cpu_started
 
 
+async def run_download(session: aiohttp.ClientSession, urls: list[str], seconds: float,
+                       concurrency: int) -> tuple[int, float]:
+    """(images, process CPU seconds) of bare downloads: the bytes' own cost."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    done = 0
+
+    async def one_client() -> None:
+        nonlocal done
+        while time.perf_counter() - started < seconds:
+            done += 1
+            async with session.get(urls[done % len(urls)]) as response:
+                await response.read()
+
+    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    return done, time.process_time() - cpu_started
+
+
 async def sinks(stack: AsyncExitStack, use_stack: bool):
     """(redis, producer, thumbnails): in-memory, or the real clients on a local stack."""
     if not use_stack:
@@ -201,17 +220,20 @@ async def main_async(args: argparse.Namespace) -> None:
                 blobs = [(folder / name).read_bytes() for name in names]
                 urls = [f"http://127.0.0.1:{port}/{name}" for name in names]
                 # Alternating rounds, so a neighbour's load on this shared machine hits both alike.
-                bare_n = bare_s = worker_n = worker_s = worker_cpu = 0.0
+                bare_n = bare_s = worker_n = worker_s = worker_cpu = download_n = download_cpu = 0.0
                 for _round in range(ROUNDS):
                     n, seconds = run_bare(executor, blobs, args.seconds / ROUNDS)
                     bare_n, bare_s = bare_n + n, bare_s + seconds
                     n, seconds, cpu = await run_worker(task, urls, args.seconds / ROUNDS,
                                                        processes * CONCURRENCY_PER_PROCESS)
                     worker_n, worker_s, worker_cpu = worker_n + n, worker_s + seconds, worker_cpu + cpu
+                    n, cpu = await run_download(session, urls, args.seconds / ROUNDS / 4,
+                                                processes * CONCURRENCY_PER_PROCESS)
+                    download_n, download_cpu = download_n + n, download_cpu + cpu
                 bare_rate, rate = bare_n / bare_s, worker_n / worker_s
                 mean_kb = sum(map(len, blobs)) / len(blobs) / 1024
                 rows.append((corpus, mean_kb, bare_rate, rate, rate / bare_rate, worker_cpu * 1000 / worker_n,
-                             int(worker_n)))
+                             download_cpu * 1000 / download_n, int(worker_n)))
     finally:
         pool.close()
         executor.shutdown()
@@ -220,9 +242,10 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\npool processes: {processes}; sinks: {'local stack (real clients)' if args.stack else 'in-memory'}; "
           f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'corpus':<8}{'mean KB':>9}{'bare img/s':>12}{'worker img/s':>14}{'ratio':>8}"
-          f"{'worker CPU ms/img':>19}{'images':>8}")
-    for corpus, kb, bare_rate, rate, ratio, cpu_ms, done in rows:
-        print(f"{corpus:<8}{kb:>9.0f}{bare_rate:>12.1f}{rate:>14.1f}{ratio:>8.0%}{cpu_ms:>19.2f}{done:>8}")
+          f"{'worker CPU ms/img':>19}{'of it download':>16}{'images':>8}")
+    for corpus, kb, bare_rate, rate, ratio, cpu_ms, download_ms, done in rows:
+        print(f"{corpus:<8}{kb:>9.0f}{bare_rate:>12.1f}{rate:>14.1f}{ratio:>8.0%}{cpu_ms:>19.2f}"
+              f"{download_ms:>16.2f}{done:>8}")
 
 
 async def _wait_for_server(session: aiohttp.ClientSession, port: int) -> None:
