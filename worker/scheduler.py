@@ -68,6 +68,7 @@ class Scheduler:
         self._offsets: dict[TP, PartitionOffsets] = {}
         self._assigned: set[TP] = set()
         self._paused: set[TP] = set()
+        self._source_of: dict[TP, str] = {}  # assigned partition -> its source (parsed once)
         self._next_refresh = 0.0
         self._next_commit = 0.0
 
@@ -126,6 +127,7 @@ class Scheduler:
             # Another worker owns it now: forget its queue; running tasks finish uncommitted.
             self._assigned.discard(tp)
             self._paused.discard(tp)
+            self._source_of.pop(tp, None)
             self._offsets.pop(tp, None)
             source = source_of_topic(tp[0])
             if source in self._pending:
@@ -134,6 +136,7 @@ class Scheduler:
         for tp in assigned:
             self._assigned.add(tp)
             self._paused.discard(tp)
+            self._source_of[tp] = source_of_topic(tp[0])
         if assigned or revoked:
             log_event("worker_partitions", assigned=len(assigned), revoked=len(revoked),
                       now_owned=len(self._assigned))
@@ -165,18 +168,25 @@ class Scheduler:
         self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
 
     def _dispatch(self) -> None:
+        """Start what the slots allow, one task per source per round, sources in rotation.
+
+        Called whenever a task ends, so it is kept cheap: after the first round
+        only the sources that started one go round again, since nothing that
+        stopped a source (its slots, the shared ones, a halt) loosens meanwhile.
+        """
         if self._stopping.is_set():
             return
         reserved = self._reserved
+        inflight = self._inflight
         shared_free = (self._max_tasks - sum(reserved.values())
-                       - sum(max(0, n - reserved.get(s, 0)) for s, n in self._inflight.items()))
-        started = True
-        while started and self._total < self._max_tasks:
-            started = False
-            for source in list(self._pending):
+                       - sum(n - reserved.get(s, 0) for s, n in inflight.items() if n > reserved.get(s, 0)))
+        candidates = list(self._pending)
+        while candidates and self._total < self._max_tasks:
+            started = []
+            for source in candidates:
                 if self._total >= self._max_tasks:
                     return
-                running = self._inflight[source]
+                running = inflight[source]
                 if source in self._halted:
                     continue
                 if running >= reserved.get(source, 0):  # beyond its reservation: the floor, shared
@@ -187,7 +197,9 @@ class Scheduler:
                 job = queue.popleft()
                 self._set_pending(source, queue)
                 self._spawn(job, source, self._crawl(source, job.request))
-                started = True
+                if queue:
+                    started.append(source)
+            candidates = started
 
     async def _crawl(self, source: str, request: CrawlRequest) -> float:
         busy = await self._handle(request)
@@ -233,8 +245,7 @@ class Scheduler:
     # --- flow control and commits -----------------------------------------------
     async def _update_pauses(self) -> None:
         to_pause, to_resume = [], []
-        for tp in self._assigned:
-            source = source_of_topic(tp[0])
+        for tp, source in self._source_of.items():
             high = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
             queued = len(self._pending.get(source, ()))
             if tp not in self._paused and (source in self._halted or queued >= high):
