@@ -38,7 +38,9 @@ from common.contracts import CrawlRequest, tokens_key
 from common.settings import Settings
 from devstack.servers import free_port
 from test.worker_fakes import AllowAllGate, FakeProducer, FakeRedis, FakeThumbnails
+from worker.constants import THUMBNAIL_JPEG_QUALITY
 from worker.fetch import Fetcher
+from worker.imaging import RESAMPLE
 from worker.pool import ImagePool, default_pool_size
 from worker.stats import Stats
 from worker.task import ImageTask
@@ -101,9 +103,9 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), print=None, access_log
 def bare(data: bytes) -> int:
     """The least a thumbnailer can do: decode, thumbnail, encode."""
     with Image.open(io.BytesIO(data)) as image:
-        image.thumbnail((TARGET, TARGET))
+        image.thumbnail((TARGET, TARGET), RESAMPLE)
         out = io.BytesIO()
-        image.convert("RGB").save(out, "JPEG", quality=85)
+        image.convert("RGB").save(out, "JPEG", quality=THUMBNAIL_JPEG_QUALITY)
     return len(out.getvalue())
 
 

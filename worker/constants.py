@@ -30,6 +30,10 @@ NOT_SENT_STATUSES = frozenset({"ForbiddenAddress"})
 # 300 MB in memory per pool process.
 MAX_IMAGE_PIXELS = 89_478_485
 THUMBNAIL_JPEG_QUALITY = 85
+# Bilinear after Pillow's reducing_gap (a box reduce to within 2x of the target first):
+# against a Lanczos reference it measured 47 dB PSNR (bicubic 53), far below what the
+# JPEG q85 encoding costs anyway, for ~25% less CPU per image (bench.peer_img2dataset corpus).
+THUMBNAIL_RESAMPLE = "BILINEAR"
 MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a message at ~1 MB
 
 # --- Handing bytes to the pool (worker/pool.py) ----------------------------------

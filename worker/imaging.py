@@ -15,11 +15,12 @@ from typing import Any
 
 from PIL import Image
 
-from worker.constants import MAX_IMAGE_PIXELS, THUMBNAIL_JPEG_QUALITY
+from worker.constants import MAX_IMAGE_PIXELS, THUMBNAIL_JPEG_QUALITY, THUMBNAIL_RESAMPLE
 from worker.exif_json import exif_to_json
 from worker.jpeg_quality import estimate_quality
 
 Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+RESAMPLE = Image.Resampling[THUMBNAIL_RESAMPLE]
 
 UNIDENTIFIED = "UnidentifiedImageError"
 BOMB = "DecompressionBomb"
@@ -57,7 +58,7 @@ def _analyze(data: bytes, target_resolution: int) -> Analysis:
         if image.format in ("JPEG", "MPO"):
             quality = estimate_quality(getattr(image, "quantization", None) or {})
         exif = exif_to_json(image.getexif()) or None
-        image.thumbnail((target_resolution, target_resolution))  # first frame; JPEG draft mode
+        image.thumbnail((target_resolution, target_resolution), RESAMPLE)  # first frame; JPEG draft mode
         thumbnail = _encode_jpeg(_to_rgb(image))
     return Analysis(width=width, height=height, compression_quality=quality,
                     exif=exif, thumbnail=thumbnail)
