@@ -21,6 +21,8 @@ RETRYABLE_NAMES = frozenset({"Timeout", "ServerDisconnected", "ConnectionError"}
 INFRA_RETRY_FIRST_DELAY = 0.5
 INFRA_RETRY_MAX_DELAY = 30.0
 S3_MAX_CONNECTIONS = 32
+S3_PRESIGN_SECONDS = 300      # an upload's signature is used at once; 5 minutes covers clock skew
+S3_PUT_TIMEOUT = 60.0         # seconds for one thumbnail upload; a failed one is retried
 # Refusals raised before anything is sent: kept out of the breakers' windows.
 NOT_SENT_STATUSES = frozenset({"ForbiddenAddress"})
 
