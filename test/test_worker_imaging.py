@@ -141,3 +141,11 @@ async def test_pool_survives_a_crashed_process() -> None:
         assert (result.width, result.height) == (30, 20)
     finally:
         pool.close()
+
+
+def test_every_libjpeg_quality_is_recovered_exactly_from_its_own_tables() -> None:
+    from worker.jpeg_quality import _SCALED
+    for quality in range(1, 101):
+        luminance, chrominance = _SCALED[quality]
+        assert estimate_quality({0: luminance, 1: chrominance}) == quality
+        assert estimate_quality({0: luminance}) == quality

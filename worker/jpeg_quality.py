@@ -54,6 +54,12 @@ def estimate_quality(tables: Mapping[int, Sequence[int]]) -> int | None:
         return sum(abs(a - b) for index, table in present
                    for a, b in zip(table, _SCALED[quality][index]))
 
+    if guess is not None and distance(guess) == 0:
+        # Tables written by libjpeg (the common case) match their quality exactly: only a tie
+        # above it can win (ties go higher, as the tables bottom out at 1 near 100).
+        while guess < 100 and distance(guess + 1) == 0:
+            guess += 1
+        return guess
     # Ties go to the higher quality (the tables bottom out at 1 near 100).
     return min(candidates, key=distance)
 
