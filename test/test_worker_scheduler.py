@@ -260,3 +260,22 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their
 def test_unusable_rates_count_as_unknown() -> None:
     assert [scheduler_module._as_rate(raw) for raw in ("2.5", "0", "-1", "nan", "inf", "fast", None)] == [
         2.5, 0.0, None, None, None, None, None]
+
+
+async def test_a_worker_without_sources_looks_for_them_often(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 30.0)
+    monkeypatch.setattr(scheduler_module, "IDLE_REFRESH_INTERVAL", 0.05)
+    feed = FakeFeed([])
+    redis = FakeRedis()
+    scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await asyncio.sleep(0.2)  # a few idle reads, none found
+        await redis.sadd(INBOUND_SOURCES, "a")
+        async with asyncio.timeout(2):  # not the 30 s of a worker that has sources
+            while not feed.subscriptions:
+                await asyncio.sleep(0.01)
+    finally:
+        scheduler.stop()
+        await runner
+    assert feed.subscriptions == [[source_topic("a")]]

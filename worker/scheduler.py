@@ -27,8 +27,8 @@ from common.contracts import (HALTED, INBOUND_SOURCES, REJECTED_TOPIC, TEMP_HALT
 from common.jsonlog import log_event
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
-                              LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, POLL_BATCH, POLL_TIMEOUT,
-                              REFRESH_INTERVAL)
+                              IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
+                              POLL_BATCH, POLL_TIMEOUT, REFRESH_INTERVAL)
 from worker.feed import TP, KafkaFeed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
@@ -95,7 +95,9 @@ class Scheduler:
     async def _refresh_if_due(self) -> None:
         if time.monotonic() < self._next_refresh:
             return
-        self._next_refresh = time.monotonic() + REFRESH_INTERVAL
+        # Until there is a source, one cheap read 4 times a second: joining the consumer
+        # group takes seconds of its own, so every second spent not knowing adds to startup.
+        self._next_refresh = time.monotonic() + (REFRESH_INTERVAL if self._sources else IDLE_REFRESH_INTERVAL)
         try:
             pipe = self._redis.pipeline(transaction=False)
             pipe.smembers(INBOUND_SOURCES).smembers(HALTED).smembers(TEMP_HALTED)
