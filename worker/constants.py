@@ -47,7 +47,6 @@ MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a mes
 SHARED_SEGMENTS_PER_PROCESS = 2
 SHARED_SEGMENT_STEP = 1 << 20
 SHARED_SEGMENT_MAX = 16 << 20
-POOL_ATTACHED_SEGMENTS = 32   # segments a pool process keeps mapped (old ones after a resize)
 
 # --- Statistics (worker/stats.py) ---------------------------------------------
 # Seconds between trims of a source's status windows (status60s/1hr/12hr): a
