@@ -149,12 +149,17 @@ def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path) -> Result:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--urls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the two this many times")
     args = parser.parse_args()
     ensure_peer()
     specs, plan = build_web(args.urls)
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         work = Path(tmp)
-        results = [run_peer(specs, plan, work), run_ours(specs, plan, work)]
+        results = []
+        for round_ in range(args.rounds):  # alternating, so a noisy neighbour hits both alike
+            folder = work / str(round_)
+            folder.mkdir()
+            results += [run_peer(specs, plan, folder), run_ours(specs, plan, folder)]
     print(f"\n{args.urls} URLs, {SOURCES} sites, {LATENCY * 1000:.0f} ms latency, {PROCESSES} processes each, "
           f"{TARGET} px JPEG q{JPEG_QUALITY}; {os.cpu_count()} cores")
     print(HEADER)
