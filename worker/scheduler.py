@@ -66,9 +66,8 @@ class Scheduler:
         self._total = 0
         self._tasks: set[asyncio.Task] = set()
         self._offsets: dict[TP, PartitionOffsets] = {}
-        self._assigned: set[TP] = set()
         self._paused: set[TP] = set()
-        self._source_of: dict[TP, str] = {}  # assigned partition -> its source (parsed once)
+        self._assigned: dict[TP, str] = {}  # owned partition -> its source (parsed once)
         self._next_refresh = 0.0
         self._next_commit = 0.0
 
@@ -127,18 +126,15 @@ class Scheduler:
     def _rebalanced(self, assigned: list[TP], revoked: list[TP]) -> None:
         for tp in revoked:
             # Another worker owns it now: forget its queue; running tasks finish uncommitted.
-            self._assigned.discard(tp)
+            source = self._assigned.pop(tp, None) or source_of_topic(tp[0])
             self._paused.discard(tp)
-            self._source_of.pop(tp, None)
             self._offsets.pop(tp, None)
-            source = source_of_topic(tp[0])
             if source in self._pending:
                 kept = deque(job for job in self._pending[source] if job.tp != tp)
                 self._set_pending(source, kept)
         for tp in assigned:
-            self._assigned.add(tp)
+            self._assigned[tp] = source_of_topic(tp[0])
             self._paused.discard(tp)
-            self._source_of[tp] = source_of_topic(tp[0])
         if assigned or revoked:
             log_event("worker_partitions", assigned=len(assigned), revoked=len(revoked),
                       now_owned=len(self._assigned))
@@ -247,7 +243,7 @@ class Scheduler:
     # --- flow control and commits -----------------------------------------------
     async def _update_pauses(self) -> None:
         to_pause, to_resume = [], []
-        for tp, source in self._source_of.items():
+        for tp, source in self._assigned.items():
             high = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
             queued = len(self._pending.get(source, ()))
             if tp not in self._paused and (source in self._halted or queued >= high):
