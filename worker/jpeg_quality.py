@@ -45,21 +45,21 @@ def estimate_quality(tables: Mapping[int, Sequence[int]]) -> int | None:
     if not present:
         return None
     guess = _guess(present[0][1], _STANDARD[present[0][0]])
-    if guess is None:
-        candidates = range(100, 0, -1)
-    else:  # below ~20 most entries clamp at 255 and the guess drifts: search down to 1
-        candidates = range(min(100, guess + _SEARCH), 0 if guess <= 20 else guess - _SEARCH, -1)
 
     def distance(quality: int) -> int:
         return sum(abs(a - b) for index, table in present
                    for a, b in zip(table, _SCALED[quality][index]))
 
-    if guess is not None and distance(guess) == 0:
+    if guess is None:
+        candidates = range(100, 0, -1)
+    elif distance(guess) == 0:
         # Tables written by libjpeg (the common case) match their quality exactly: only a tie
         # above it can win (ties go higher, as the tables bottom out at 1 near 100).
         while guess < 100 and distance(guess + 1) == 0:
             guess += 1
         return guess
+    else:  # below ~20 most entries clamp at 255 and the guess drifts: search down to 1
+        candidates = range(min(100, guess + _SEARCH), 0 if guess <= 20 else guess - _SEARCH, -1)
     # Ties go to the higher quality (the tables bottom out at 1 near 100).
     return min(candidates, key=distance)
 
