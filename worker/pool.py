@@ -63,19 +63,19 @@ class ImagePool:
         async with self._segments.holding(data) as path:
             if path is not None:
                 try:
-                    return await self._run(analyze_shared, path, len(data), target_resolution)
+                    return await self._run(len(data), analyze_shared, path, len(data), target_resolution)
                 except SegmentUnreadable as exc:
                     self._segments.disable(exc)
-            return await self._run(analyze, data, target_resolution)
+            return await self._run(len(data), analyze, data, target_resolution)
 
-    async def _run(self, function, *args) -> Analysis:
+    async def _run(self, size: int, function, *args) -> Analysis:
         loop = asyncio.get_running_loop()
         for attempt in (1, 2):
             executor = self._executor
             try:
                 return await loop.run_in_executor(executor, function, *args)
             except BrokenProcessPool:
-                log_event("image_pool_broken", attempt=attempt)
+                log_event("image_pool_broken", attempt=attempt, size=size)
                 if self._executor is executor:  # the first task to notice rebuilds it
                     self._executor = self._new_executor()
                     executor.shutdown(wait=False)
