@@ -42,7 +42,6 @@ import json
 import math
 import time
 from collections import deque
-from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable
@@ -57,6 +56,7 @@ from redis.exceptions import RedisError
 from common.contracts import (EVENT_HTTP_API_ERROR, EVENT_HTTP_API_STARTED, HALTED, INBOUND_SOURCES,
                               TEMP_HALTED, errors_key, override_rate_key, rate_limit_key,
                               resized_key, source_requests_key, tokens_key)
+from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.settings import Settings
 
@@ -301,9 +301,7 @@ def make_app(redis: Redis, latest_update: UpdateGetter, sample_every: float = SA
     async def sampler(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(api.sample_forever(sample_every))
         yield
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])
 
     app = web.Application()
     app.cleanup_ctx.append(sampler)

@@ -22,6 +22,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from common import contracts as c
+from common.cancel import cancel_and_wait
 from crawl_monitor import http_api
 from test.test_ops_http import monitoring_update, seed, serve
 
@@ -108,9 +109,7 @@ async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
             page = await asyncio.wait_for(
                 asyncio.to_thread(load_dashboard, f"{base}/", screenshot), timeout=120)
         finally:
-            worker.cancel()
-            with suppress(asyncio.CancelledError):
-                await worker
+            await cancel_and_wait([worker])
             await worker_redis.aclose()
     sys.__stderr__.write(f"\n[dashboard] screenshot: {screenshot}\n")
     cells = page["rows"]

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 from common.contracts import (HALTED, INBOUND_SOURCES, REJECTED_TOPIC, TEMP_HALTED, CrawlRequest,
                               InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message,
                               source_of_topic, source_topic)
+from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
@@ -270,9 +271,7 @@ class Scheduler:
         log_event("worker_draining", tasks=len(self._tasks))
         if self._tasks:
             _done, late = await asyncio.wait(set(self._tasks), timeout=self._shutdown_timeout)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            await cancel_and_wait(late)
         await self._commit()
 
 
