@@ -8,6 +8,7 @@ leaves a server behind.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -158,8 +159,14 @@ def s3_server(data_dir: Path, port: int | None = None, bucket: str | None = None
     ports = {name: free_port() for name in (
         "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
         "filer.port", "filer.port.grpc", "s3.port.grpc")}
+    # One identity, so the store checks every request's SigV4 signature as AWS does.
+    identities = weed_dir / "s3-identities.json"
+    identities.write_text(json.dumps({"identities": [{
+        "name": "devstack", "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        "credentials": [{"accessKey": DEV_CREDENTIALS["aws_access_key_id"],
+                         "secretKey": DEV_CREDENTIALS["aws_secret_access_key"]}]}]}))
     argv = [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={weed_dir}",
-            "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-s3", f"-s3.port={s3_port}", f"-s3.config={identities}", "-s3.port.iceberg=0", "-s3.port.lance=0",
             "-master.telemetry=false", "-volume.max=0", "-master.volumeSizeLimitMB=64",
             *(f"-{name}={value}" for name, value in ports.items())]
 
