@@ -145,7 +145,8 @@ async def run_download(session: aiohttp.ClientSession, urls: list[str], seconds:
         while time.perf_counter() - started < seconds:
             done += 1
             async with session.get(urls[done % len(urls)]) as response:
-                await response.read()
+                async for _chunk in response.content.iter_any():  # as the worker reads: no join
+                    pass
 
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
     return done, time.process_time() - cpu_started

@@ -134,9 +134,9 @@ async def test_pool_survives_a_crashed_process() -> None:
     pool = ImagePool(processes=1)
     try:
         await pool.analyze(image_bytes("PNG"), TARGET)
-        for process in list(pool._executor._processes.values()):
-            process.kill()  # as the OOM killer would
-            process.join()
+        for pooled in list(pool._processes):
+            pooled.process.kill()  # as the OOM killer would
+            pooled.process.join()
         result = await pool.analyze(image_bytes("JPEG", (30, 20)), TARGET)
         assert (result.width, result.height) == (30, 20)
     finally:

@@ -1,8 +1,9 @@
-"""The pool's shared-memory hand-off: right bytes to the right task, and a pipe when it must."""
+"""The pool's shared-memory hand-off: right bytes to the right task, and the socket when it must."""
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -28,7 +29,26 @@ async def test_concurrent_analyses_each_get_their_own_image_back() -> None:
         pool.close()
 
 
-async def test_a_body_over_the_segment_cap_goes_through_the_pipe(monkeypatch) -> None:
+def in_chunks(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("segment_max", [16 << 20, 100], ids=["segment", "socket"])
+async def test_a_body_in_chunks_is_put_back_together_in_order(monkeypatch, segment_max: int) -> None:
+    """As the fetcher hands it over: the chunks it arrived in, of uneven sizes."""
+    monkeypatch.setattr(pool_module, "SHARED_SEGMENT_MAX", segment_max)
+    data = image_bytes("JPEG", (300, 200), quality=77)
+    pool = ImagePool(processes=1)
+    try:
+        whole = await pool.analyze(data, TARGET)
+        chunked = await pool.analyze(in_chunks(data[:500], 100) + [b""] + in_chunks(data[500:], 333), TARGET)
+    finally:
+        pool.close()
+    assert (whole.width, whole.height, whole.compression_quality) == (300, 200, 77)
+    assert chunked == whole
+
+
+async def test_a_body_over_the_segment_cap_goes_through_the_socket(monkeypatch) -> None:
     monkeypatch.setattr(pool_module, "SHARED_SEGMENT_MAX", 100)
     pool = ImagePool(processes=1)
     try:
@@ -39,7 +59,7 @@ async def test_a_body_over_the_segment_cap_goes_through_the_pipe(monkeypatch) ->
         pool.close()
 
 
-async def test_no_memory_for_a_segment_falls_back_to_the_pipe_and_says_so_once(monkeypatch, capsys) -> None:
+async def test_no_memory_for_a_segment_falls_back_to_the_socket_and_says_so_once(monkeypatch, capsys) -> None:
     def no_memory(capacity: int) -> Segment:
         raise OSError(12, "Cannot allocate memory")
     monkeypatch.setattr(Segment, "create", staticmethod(no_memory))
@@ -54,7 +74,7 @@ async def test_no_memory_for_a_segment_falls_back_to_the_pipe_and_says_so_once(m
 
 
 async def test_a_pool_process_that_cannot_read_segments_turns_them_off(monkeypatch, capsys) -> None:
-    """As where /proc hides other processes: the pipe carries this image and every later one."""
+    """As where /proc hides other processes: the socket carries this image and every later one."""
     monkeypatch.setattr(Segment, "path", property(lambda self: f"/proc/{os.getpid()}/fd/999999"))
     pool = ImagePool(processes=1)
     try:
@@ -78,3 +98,33 @@ def test_segments_are_whole_steps_and_close_their_memory() -> None:
     assert bigger.memory.closed
     with pytest.raises(OSError):
         os.fstat(bigger.fd)
+
+
+async def test_an_image_that_kills_its_process_twice_is_an_error_and_the_pool_goes_on(capsys) -> None:
+    pool = ImagePool(processes=1)
+    try:
+        assert await pool._run(1, os._exit, 9) == pool_module.Analysis(error=pool_module.CRASHED)
+        result = await pool.analyze(image_bytes("PNG", (40, 30)), TARGET)
+        assert (result.width, result.height) == (40, 30)
+    finally:
+        pool.close()
+    assert capsys.readouterr().out.count("image_pool_broken") == 2  # tried once more, in a new process
+
+
+async def test_a_cancelled_analysis_leaves_no_stale_answer_for_the_next_one() -> None:
+    """Its answer still arrives, behind the queued one, and is dropped."""
+    pool = ImagePool(processes=1)
+    try:
+        slow = asyncio.create_task(pool._run(1, time.sleep, 0.5))
+        queued = asyncio.create_task(pool.analyze(image_bytes("PNG", (50, 20)), TARGET))
+        await asyncio.sleep(0.1)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        first = await asyncio.wait_for(queued, 10)
+        second = await asyncio.wait_for(pool.analyze(image_bytes("PNG", (70, 10)), TARGET), 10)
+        assert [(r.width, r.height) for r in (first, second)] == [(50, 20), (70, 10)]
+        processes = [pooled.process for pooled in pool._processes]
+    finally:
+        pool.close()
+    assert not any(process.is_alive() for process in processes)  # close() leaves none behind

@@ -36,8 +36,8 @@ class FakeFetcher:
         return self.result
 
 
-async def inline_analyze(data: bytes, target: int):
-    return analyze(data, target)
+async def inline_analyze(chunks: list[bytes], target: int):
+    return analyze(b"".join(chunks), target)
 
 
 def ok(body: bytes, status: int = 200, **headers: str) -> Fetched:
@@ -45,7 +45,7 @@ def ok(body: bytes, status: int = 200, **headers: str) -> Fetched:
     for name, value in headers.items():
         for one in value.split("|"):
             multi.add(name.replace("_", "-"), one)
-    return Fetched("http://example.org/a.jpg", status, multi, body, token_wait=0.0)
+    return Fetched("http://example.org/a.jpg", status, multi, (body[:7], body[7:]), token_wait=0.0)
 
 
 class Run:

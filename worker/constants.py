@@ -39,12 +39,14 @@ THUMBNAIL_RESAMPLE = "BILINEAR"
 MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a message at ~1 MB
 
 # --- Handing bytes to the pool (worker/pool.py) ----------------------------------
+# Each pool process has one image in hand and one queued, so it never waits
+# for the event loop between images.
+REQUESTS_PER_PROCESS = 2
 # Downloads reach the pool processes through reusable shared-memory segments,
-# this many per pool process (one being read, one being filled). A segment
-# grows to the largest body it carried, rounded up to SHARED_SEGMENT_STEP;
-# bodies above SHARED_SEGMENT_MAX (rare) go through the executor's pipe instead,
-# which bounds the shared memory at processes x per-process x max.
-SHARED_SEGMENTS_PER_PROCESS = 2
+# one per request in flight. A segment grows to the largest body it carried,
+# rounded up to SHARED_SEGMENT_STEP; bodies above SHARED_SEGMENT_MAX (rare) go
+# through the process's socket instead, which bounds the shared memory at
+# processes x REQUESTS_PER_PROCESS x max.
 SHARED_SEGMENT_STEP = 1 << 20
 SHARED_SEGMENT_MAX = 16 << 20
 

@@ -38,8 +38,18 @@ class Fetched:
     url: str                      # after redirects
     status: int
     headers: Mapping[str, str]    # a CIMultiDict: X-Robots-Tag may repeat
-    body: bytes                   # read for 2xx only
+    # Read for 2xx only, kept as the chunks it arrived in: the pool copies them straight
+    # into its shared segment, and joining them first was a second copy of every body.
+    chunks: tuple[bytes, ...]
     token_wait: float             # seconds spent waiting for tokens
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.chunks))
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 class FetchError(Exception):
@@ -66,10 +76,10 @@ class Fetcher:
                 hop_wait, slot = await self._slot_and_token(url, source)
                 waited += hop_wait
                 async with slot:
-                    status, headers, body = await self._request(url, source)
+                    status, headers, chunks = await self._request(url, source)
                 location = headers.get("Location") if status in REDIRECT_STATUSES else None
                 if not location:
-                    return Fetched(url, status, headers, body, waited)
+                    return Fetched(url, status, headers, chunks, waited)
                 url = _redirect_target(url, location)
             raise FetchError("TooManyRedirects", status)
         except FetchError as exc:
@@ -96,24 +106,24 @@ class Fetcher:
                     raise
                 await slot.aclose()  # another worker took the last token: wait for the next
 
-    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], bytes]:
+    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], tuple[bytes, ...]]:
         async with self._session.get(url, allow_redirects=False, timeout=TIMEOUT) as response:
             try:
-                body = await self._read_capped(response) if 200 <= response.status < 300 else b""
+                chunks = await self._read_capped(response) if 200 <= response.status < 300 else ()
             finally:
                 await self._gate.after_response(url, source, response.status, response.headers)
-            return response.status, response.headers, body
+            return response.status, response.headers, chunks
 
-    async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
+    async def _read_capped(self, response: aiohttp.ClientResponse) -> tuple[bytes, ...]:
         if (response.content_length or 0) > self._max_bytes:
             raise FetchError("TooLarge", response.status)
-        chunks, size = [], 0  # joined once: growing a bytearray re-copies multi-MB bodies
+        chunks, size = [], 0
         async for chunk in response.content.iter_any():
             chunks.append(chunk)
             size += len(chunk)
             if size > self._max_bytes:
                 raise FetchError("TooLarge", response.status)
-        return b"".join(chunks)
+        return tuple(chunks)
 
 
 def _redirect_target(current: str, location: str) -> str:

@@ -1,20 +1,25 @@
 """A process pool for ``imaging.analyze``, so one worker uses every core.
 
-The event loop only ships bytes in and results out. Bytes go in through
-reusable anonymous shared-memory segments (``memfd``) rather than the
-executor's pipe: pickling a 3.5 MB photo through the pipe cost the event
-loop's process about 4 ms of CPU (64 KiB writes, each waiting for the
-reader), a copy into a mapped segment about 0.5 ms (``bench.worker_images``).
-A pool process reads a segment through ``/proc/{worker}/fd/{fd}``. The
-segments have no name, so nothing outlives the worker, however it dies
-(named ``/dev/shm`` segments leaked when a whole process group was
-SIGKILLed), and ``/dev/shm``'s size (64 MB in Docker) does not apply.
-Where that is not possible (not Linux, a locked-down ``/proc``), the pipe is used.
+The event loop only ships bytes in and results out, and drives each pool
+process itself through a socket pair, with a second request queued behind
+the one being worked on so that a process never waits for the loop between
+images. ``concurrent.futures``' process pool does the same through a manager
+thread and a feeder thread, whose wake-ups and GIL hand-overs were ~25% of a
+worker's CPU during a crawl of ~1 MP photos (per-thread CPU from /proc).
 
-A pool process that dies (a decoder crash, the OOM killer) breaks the whole
-executor in ``concurrent.futures``; the pool is then rebuilt and the image
-tried once more in a fresh one, so one hostile file costs one error, not the
-worker.
+Bytes go in through reusable anonymous shared-memory segments (``memfd``)
+rather than the socket: pickling a 3.5 MB photo through a pipe cost the event
+loop's process about 4 ms of CPU, a copy into a mapped segment about 0.5 ms
+(``bench.worker_images``). A pool process reads a segment through
+``/proc/{worker}/fd/{fd}``. The segments have no name, so nothing outlives
+the worker, however it dies (named ``/dev/shm`` segments leaked when a whole
+process group was SIGKILLed), and ``/dev/shm``'s size (64 MB in Docker) does
+not apply. Where that is not possible (not Linux, a locked-down ``/proc``),
+the socket carries the body.
+
+A pool process that dies (a decoder crash, the OOM killer) is replaced and
+its images are tried once more in the new one, so one hostile file costs one
+error, not the worker.
 """
 from __future__ import annotations
 
@@ -23,16 +28,18 @@ import ctypes
 import mmap
 import multiprocessing
 import os
+import pickle
 import signal
+import socket
+import struct
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from common.jsonlog import log_event
-from worker.constants import SHARED_SEGMENT_MAX, SHARED_SEGMENT_STEP, SHARED_SEGMENTS_PER_PROCESS
+from worker.constants import REQUESTS_PER_PROCESS, SHARED_SEGMENT_MAX, SHARED_SEGMENT_STEP
 from worker.imaging import Analysis, analyze
 
 CRASHED = "ImageWorkerCrashed"
@@ -44,46 +51,161 @@ def default_pool_size() -> int:
 
 
 class SegmentUnreadable(Exception):
-    """Raised in a pool process that cannot open the worker's segment: use the pipe instead."""
+    """Raised in a pool process that cannot open the worker's segment: send bodies over the socket instead."""
 
 
 class ImagePool:
     def __init__(self, processes: int | None = None):
         self.processes = processes or default_pool_size()
-        self._executor = self._new_executor()
-        self._segments = SharedSegments(self.processes * SHARED_SEGMENTS_PER_PROCESS)
+        self._processes = [PoolProcess.start() for _ in range(self.processes)]
+        # As many segments as requests in flight: each holds one request's body.
+        self._slots = asyncio.Semaphore(self.processes * REQUESTS_PER_PROCESS)
+        self._segments = SharedSegments(self.processes * REQUESTS_PER_PROCESS)
 
-    def _new_executor(self) -> ProcessPoolExecutor:
-        # spawn: forking a process that runs Kafka and event-loop threads is unsafe, and a
-        # spawned child's parent is this process, so it can be told to die with it.
-        return ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_die_with_parent, initargs=(os.getpid(),))
-
-    async def analyze(self, data: bytes, target_resolution: int) -> Analysis:
-        async with self._segments.holding(data) as path:
+    async def analyze(self, data: bytes | Sequence[bytes], target_resolution: int) -> Analysis:
+        """``imaging.analyze`` in a pool process; ``data`` is the body or the chunks it arrived in."""
+        chunks = (data,) if isinstance(data, bytes) else data
+        size = sum(map(len, chunks))
+        async with self._segments.holding(chunks, size) as path:
             if path is not None:
                 try:
-                    return await self._run(len(data), analyze_shared, path, len(data), target_resolution)
+                    return await self._run(size, analyze_shared, path, size, target_resolution)
                 except SegmentUnreadable as exc:
                     self._segments.disable(exc)
-            return await self._run(len(data), analyze, data, target_resolution)
+            # One chunk (or a whole body) is passed on as it is: join copies only several.
+            return await self._run(size, analyze, b"".join(chunks), target_resolution)
 
-    async def _run(self, size: int, function, *args) -> Analysis:
-        loop = asyncio.get_running_loop()
+    async def _run(self, size: int, function: Callable[..., Analysis], *args: Any) -> Analysis:
+        request = pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
         for attempt in (1, 2):
-            executor = self._executor
-            try:
-                return await loop.run_in_executor(executor, function, *args)
-            except BrokenProcessPool:
-                log_event("image_pool_broken", attempt=attempt, size=size)
-                if self._executor is executor:  # the first task to notice rebuilds it
-                    self._executor = self._new_executor()
-                    executor.shutdown(wait=False)
+            async with self._slots:
+                process = min(self._processes, key=lambda candidate: candidate.queued)
+                try:
+                    outcome, value = await process.call(request)
+                except ProcessDied:
+                    log_event("image_pool_broken", attempt=attempt, size=size)
+                    self._replace(process)
+                    continue
+            if outcome == _UNREADABLE:
+                raise SegmentUnreadable(value)
+            if outcome == _FAILED:
+                raise RuntimeError(f"image process: {value}")
+            return value
         return Analysis(error=CRASHED)
 
+    def _replace(self, process: PoolProcess) -> None:
+        if process in self._processes:  # the first of its callers to notice
+            self._processes[self._processes.index(process)] = PoolProcess.start()
+            process.kill()
+
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        for process in self._processes:
+            process.close()
         self._segments.close()
+
+
+class ProcessDied(Exception):
+    """The pool process exited with images in hand (a decoder crash, the OOM killer)."""
+
+
+_LENGTH = struct.Struct("!Q")
+_DONE, _UNREADABLE, _FAILED = "done", "unreadable", "failed"
+
+
+class PoolProcess:
+    """One image process and the socket pair the event loop drives it through.
+
+    Requests are the length-prefixed pickle of ``(function, args)``, answered in
+    the same order and the same way. A caller that is cancelled leaves its answer
+    to arrive and be dropped: the stream stays in step.
+    """
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, sock: socket.socket):
+        self.process = process
+        self.sock = sock
+        self._answers: deque[asyncio.Future] = deque()  # one per request sent, in order
+        self._received = bytearray()
+        self._sending = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def start(cls) -> "PoolProcess":
+        # spawn: forking a process that runs Kafka and event-loop threads is unsafe, and a
+        # spawned child's parent is this process, so it can be told to die with it.
+        ours, theirs = socket.socketpair()
+        process = multiprocessing.get_context("spawn").Process(
+            target=_serve, args=(theirs, os.getpid()), name="image-process", daemon=True)
+        try:
+            process.start()
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return cls(process, ours)
+
+    @property
+    def queued(self) -> int:
+        return len(self._answers)
+
+    async def call(self, request: bytes) -> tuple[str, Any]:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self.sock, self._on_readable)
+        answer = self._loop.create_future()
+        async with self._sending:
+            if self.sock.fileno() < 0:
+                raise ProcessDied("the image process is gone")
+            self._answers.append(answer)
+            try:
+                await self._loop.sock_sendall(self.sock, _LENGTH.pack(len(request)) + request)
+            except BaseException as exc:
+                # Cancelled or refused mid-request: the stream is out of step for good.
+                self._fail(ProcessDied(repr(exc)))
+                raise ProcessDied(repr(exc)) if isinstance(exc, OSError) else exc
+        return await answer
+
+    def _on_readable(self) -> None:
+        try:
+            data = self.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._fail(ProcessDied("the image process closed its socket"))
+            return
+        self._received += data
+        while len(self._received) >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(self._received)
+            end = _LENGTH.size + length
+            if len(self._received) < end:
+                return
+            payload = bytes(self._received[_LENGTH.size:end])
+            del self._received[:end]
+            answer = self._answers.popleft()
+            if not answer.done():  # a cancelled caller's answer is dropped
+                answer.set_result(pickle.loads(payload))
+
+    def _fail(self, error: Exception) -> None:
+        if self._loop is not None and self.sock.fileno() >= 0:
+            self._loop.remove_reader(self.sock)
+        self.sock.close()
+        while self._answers:
+            answer = self._answers.popleft()
+            if not answer.done():
+                answer.set_exception(error)
+
+    def kill(self) -> None:
+        """For a process that died, or whose stream broke."""
+        self._fail(ProcessDied("killed"))
+        self.process.kill()
+        self.process.join()
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Closing the socket ends the process's loop; one still busy after ``timeout`` is killed."""
+        self._fail(ProcessDied("the pool is closed"))
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.kill()
 
 
 @dataclass
@@ -130,16 +252,20 @@ class SharedSegments:
         self._warned = False
 
     @asynccontextmanager
-    async def holding(self, data: bytes) -> AsyncIterator[str | None]:
-        """The path of a segment holding ``data``; None when it must go through the pipe."""
-        if not self._enabled or len(data) > SHARED_SEGMENT_MAX:
+    async def holding(self, chunks: Sequence[bytes], size: int) -> AsyncIterator[str | None]:
+        """The path of a segment holding the ``chunks``, one after the other; None when they
+        must go through the socket."""
+        if not self._enabled or size > SHARED_SEGMENT_MAX:
             yield None
             return
         index = await self._free.get()
         try:
-            segment = self._fitted(index, len(data))
+            segment = self._fitted(index, size)
             if segment is not None:
-                segment.memory[:len(data)] = data
+                memory, offset = segment.memory, 0
+                for chunk in chunks:
+                    memory[offset:offset + len(chunk)] = chunk
+                    offset += len(chunk)
             yield segment.path if segment is not None else None
         finally:
             self._free.put_nowait(index)
@@ -154,14 +280,14 @@ class SharedSegments:
         capacity = max(SHARED_SEGMENT_STEP, -(-size // SHARED_SEGMENT_STEP) * SHARED_SEGMENT_STEP)
         try:
             self._segments[index] = Segment.create(capacity)
-        except OSError as exc:  # no memory for it: this body goes through the pipe
+        except OSError as exc:  # no memory for it: this body goes through the socket
             if not self._warned:
                 log_event("image_segment_unavailable", size=capacity, error=repr(exc)[:300])
                 self._warned = True
         return self._segments[index]
 
     def disable(self, exc: Exception) -> None:
-        if self._enabled:  # once: the pipe still works, only slower
+        if self._enabled:  # once: the socket still works, only slower
             log_event("image_shared_memory_unavailable", error=repr(exc)[:300])
             self._enabled = False
 
@@ -185,8 +311,39 @@ def analyze_shared(path: str, size: int, target_resolution: int) -> Analysis:
     return analyze(data, target_resolution)
 
 
+def _serve(sock: socket.socket, parent_pid: int) -> None:
+    """A pool process: answer requests in order until the worker closes the socket."""
+    _die_with_parent(parent_pid)
+    with sock:
+        while True:
+            try:
+                (length,) = _LENGTH.unpack(_receive(sock, _LENGTH.size))
+                function, args = pickle.loads(_receive(sock, length))
+            except EOFError:
+                return
+            try:
+                answer: tuple[str, Any] = (_DONE, function(*args))
+            except SegmentUnreadable as exc:
+                answer = (_UNREADABLE, str(exc))
+            except Exception as exc:  # noqa: BLE001 - analyze never raises for bad input: a bug
+                answer = (_FAILED, repr(exc)[:1000])
+            reply = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+            sock.sendall(_LENGTH.pack(len(reply)) + reply)
+
+
+def _receive(sock: socket.socket, size: int) -> bytearray:
+    buffer = bytearray(size)
+    view, received = memoryview(buffer), 0
+    while received < size:
+        count = sock.recv_into(view[received:])
+        if count == 0:
+            raise EOFError
+        received += count
+    return buffer
+
+
 def _die_with_parent(parent_pid: int) -> None:
-    """Pool initializer: a SIGKILLed worker must not leave its pool running (Linux)."""
+    """A SIGKILLed worker must not leave its pool running (Linux)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -32,7 +32,7 @@ from worker.robots_tag import applicable_directives, forbids_thumbnail
 from worker.stats import Stats
 
 T = TypeVar("T")
-Analyze = Callable[[bytes, int], Awaitable[Analysis]]
+Analyze = Callable[[Sequence[bytes], int], Awaitable[Analysis]]  # the body's chunks, target
 
 
 async def persist(what: str, operation: Callable[[], Awaitable[T]],
@@ -88,7 +88,7 @@ class ImageTask:
         elif not 200 <= status < 300:
             await self._fail(request, str(status), status)
         else:
-            analysis = await self._analyze(fetched.body, self._target)
+            analysis = await self._analyze(fetched.chunks, self._target)
             if analysis.error:
                 await self._fail(request, analysis.error, status)
             else:
@@ -103,7 +103,7 @@ class ImageTask:
             await self._send(METADATA_TOPIC, exif_message(request.uuid, analysis.exif))
         await self._send(METADATA_TOPIC, quality_message(
             request.uuid, analysis.width, analysis.height, analysis.compression_quality,
-            len(fetched.body), x_robots_tag=directives))
+            fetched.size, x_robots_tag=directives))
         await self._record(request.source, str(fetched.status), success=True)
 
     async def _retry_or_fail(self, request: CrawlRequest, status: str, http_status: int | None) -> None:
