@@ -107,6 +107,10 @@ def source_requests_key(source: str) -> str:
     return f"num_requests:{source}"
 
 
+# Held by the one active monitor (crawl_monitor.lease); its value names the holder.
+MONITOR_LEASE = "monitor_lease"
+
+
 def send_pace_key(source: str) -> str:
     """Held for 1/rate s after each request to a source, so the cluster's requests are evenly
     spaced (a bucket refilled once a second allows twice the rate within one second)."""
@@ -144,6 +148,8 @@ EVENT_HTTP_API_ERROR = "http_api_error"
 EVENT_MONITOR_STARTED = "monitor_started"
 EVENT_MONITOR_STOPPED = "monitor_stopped"
 EVENT_MONITOR_COMPONENT_ERROR = "monitor_component_error"
+EVENT_MONITOR_STANDBY = "monitor_standby"
+EVENT_MONITOR_LEASE_TAKEN = "monitor_lease_taken"
 EVENT_SOURCES_LOADED = "sources_loaded"
 EVENT_SOURCES_UNAVAILABLE = "sources_unavailable"
 EVENT_REDIS_VALUE_IGNORED = "redis_value_ignored"

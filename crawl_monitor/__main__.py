@@ -1,7 +1,9 @@
 """``python -m crawl_monitor``: splitter, rate-limit regulator, circuit breaker and monitoring log.
 
-One process, one task per component. SIGTERM or SIGINT stops them all, the
-buckets are emptied on the way out, and the exit status is 0; a component
+One process, one task per component, started once this monitor holds the
+lease (``crawl_monitor.lease``): a second monitor is a standby. SIGTERM or
+SIGINT stops them all, the buckets are emptied and the lease handed over on
+the way out, and the exit status is 0; a component
 that dies on its own stops the process with status 1, for the supervisor
 to restart it (meanwhile the buckets expire: the crawl pauses, fail closed).
 """
@@ -19,12 +21,15 @@ from aiohttp import web
 
 from common.contracts import (EVENT_HTTP_API_ERROR, EVENT_MONITOR_COMPONENT_ERROR, EVENT_MONITOR_STARTED,
                               EVENT_MONITOR_STOPPED)
+from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.settings import Settings, load_settings
 from crawl_monitor import splitter
 from crawl_monitor.circuit_breaker import CircuitBreaker
 from crawl_monitor.http_api import start_http_api
-from crawl_monitor.constants import BREAKER_CHECK_SECONDS, MONITORING_INTERVAL_SECONDS, TICK_SECONDS
+from crawl_monitor.lease import MonitorLease
+from crawl_monitor.constants import (BREAKER_CHECK_SECONDS, LEASE_RENEW_SECONDS, MONITORING_INTERVAL_SECONDS,
+                                     TICK_SECONDS)
 from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.periodic import every
 from crawl_monitor.regulator import Regulator
@@ -36,18 +41,42 @@ class ComponentFailed(Exception):
 
 
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run every component until ``stop`` is set (SIGTERM/SIGINT set it) or one of them fails."""
+    """Run every component until ``stop`` is set (SIGTERM/SIGINT set it) or one of them fails.
+
+    Nothing starts before this monitor holds the lease: a second monitor waits as a standby.
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     redis = aioredis.from_url(settings.redis_url, decode_responses=True)
+    lease = MonitorLease(redis)
+    try:
+        if await _first_done(lease.acquire(), stop.wait()) == "stopped":
+            return
+        await _run_components(settings, redis, lease, stop)
+    finally:
+        await redis.aclose()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+async def _first_done(acquiring: Coroutine[Any, Any, None], stopping: Coroutine[Any, Any, Any]) -> str:
+    tasks = [asyncio.create_task(acquiring), asyncio.create_task(stopping)]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    await cancel_and_wait(pending)
+    return "acquired" if tasks[0] in done else "stopped"
+
+
+async def _run_components(settings: Settings, redis: aioredis.Redis, lease: MonitorLease,
+                          stop: asyncio.Event) -> None:
     session = aiohttp.ClientSession()
     regulator = Regulator(redis)
     breaker = CircuitBreaker(redis)
     monitoring = MonitoringLog(redis)
     dashboard = await _start_dashboard(settings, redis, monitoring)
     components: dict[str, Coroutine[Any, Any, None]] = {
+        "lease": every(LEASE_RENEW_SECONDS, lease.renew, "lease"),
         "splitter": splitter.run_splitter(lambda: splitter.connect(settings), settings.shutdown_timeout),
         "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
         "regulator": every(TICK_SECONDS, lambda: regulator.tick(time.time()), "regulator"),
@@ -56,26 +85,29 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     }
     tasks = [asyncio.create_task(coroutine, name=name) for name, coroutine in components.items()]
     stopping = asyncio.create_task(stop.wait())
-    log_event(EVENT_MONITOR_STARTED, components=list(components))
+    log_event(EVENT_MONITOR_STARTED, components=list(components), lease_holder=lease.holder)
     try:
         done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (stopping, *tasks):
-            task.cancel()
-        # The crawl stops first; the splitter may take a moment to finish its batch.
-        await asyncio.gather(tasks[list(components).index("regulator")], return_exceptions=True)
+        # The crawl stops first; the splitter may take a moment to finish its batch on its
+        # thread (cancelled once: a second cancel would cut that wait short).
+        splitting = tasks[list(components).index("splitter")]
+        splitting.cancel()
+        await cancel_and_wait([task for task in (stopping, *tasks) if task is not splitting])
         try:
             await regulator.empty_buckets()
         except Exception as exc:  # noqa: BLE001 - the keys expire on their own within 2 s
             log_event(EVENT_MONITOR_COMPONENT_ERROR, component="regulator",
                       error=f"could not empty the buckets: {exc}")
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        # Only now, with the splitter's last batch done, may a standby take over.
+        try:
+            await lease.release()
+        except Exception as exc:  # noqa: BLE001 - it expires by itself
+            log_event(EVENT_MONITOR_COMPONENT_ERROR, component="lease", error=f"could not release: {exc}")
         if dashboard is not None:
             await dashboard.cleanup()
         await session.close()
-        await redis.aclose()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
     # A component never returns by itself: one in ``done`` (other than ``stopping``) failed.
     failures = {task.get_name(): repr(result) for task, result in zip(tasks, results) if task in done}
     log_event(EVENT_MONITOR_STOPPED, failed=failures)

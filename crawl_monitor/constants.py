@@ -34,8 +34,13 @@ TEMP_HALT_WINDOW_SECONDS = 60
 # --- Monitoring log (SPEC 4).
 MONITORING_INTERVAL_SECONDS = 5.0
 
+# --- One active monitor (crawl_monitor.lease): a standby takes over this long after a crash.
+LEASE_TTL_MS = 5000
+LEASE_RENEW_SECONDS = 1.0
+
 # --- Splitter.
 SPLIT_BATCH_SIZE = 5_000            # one flush and one commit per batch: the throughput lever
 SPLIT_POLL_SECONDS = 0.5
 SPLIT_FLUSH_SECONDS = 10.0
 SPLIT_MAX_BACKOFF_SECONDS = 30.0
+SPLIT_PARTITION_CHECK_SECONDS = 60.0  # how soon partitions an operator adds to inbound_images are read

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -23,7 +24,7 @@ from common.jsonlog import log_event
 from common.kafka import consumer_config, ensure_topics, producer_config
 from common.settings import Settings
 from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
-                                     SPLIT_POLL_SECONDS)
+                                     SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS)
 
 Record = tuple[str, Any, bytes]  # topic, key, value
 _REFUSED_TOPIC_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
@@ -95,10 +96,27 @@ class Splitter:
         self._poll_seconds = poll_seconds
         self._ready_topics = {contracts.REJECTED_TOPIC}
         self._refused: dict[str, str] = {}  # topic -> why Kafka will not create it
+        self._assigned: set[int] = set()     # inbound partitions being read
 
     def run(self, stop: threading.Event) -> None:
+        checked = time.monotonic()
         while not stop.is_set():
             self.split_once(stop)
+            if time.monotonic() - checked > SPLIT_PARTITION_CHECK_SECONDS:
+                self.assign_new_partitions()
+                checked = time.monotonic()
+
+    def assign_new_partitions(self) -> None:
+        """Read every partition of the inbound topic, including any an operator added since."""
+        metadata = self._consumer.list_topics(self._inbound_topic, timeout=SPLIT_FLUSH_SECONDS)
+        topic = metadata.topics[self._inbound_topic]
+        if topic.error is not None:
+            raise KafkaException(topic.error)
+        new = sorted(set(topic.partitions) - self._assigned)
+        if new:
+            # No offset given: each starts from the group's committed offset (else the earliest).
+            self._consumer.incremental_assign([TopicPartition(self._inbound_topic, p) for p in new])
+            self._assigned.update(new)
 
     def split_once(self, stop: threading.Event) -> int:
         """Split one batch; return how many messages went to source topics."""
@@ -115,7 +133,7 @@ class Splitter:
         return plan.split
 
     def close(self) -> None:
-        """Leave the consumer group at once, so a successor gets the partitions without waiting."""
+        """Release the clients; whatever was not committed is split again by the next splitter."""
         try:
             self._consumer.close()
         finally:
@@ -211,23 +229,30 @@ class Splitter:
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
-            # Typically a rebalance took the partitions: their new owner re-splits from the
-            # last commit. Duplicates, never losses.
+            # The broker is away: the next batch's commit covers these offsets too, and if
+            # none comes, the next splitter re-splits from the last commit. Duplicates, never losses.
             _report(f"commit failed: {exc}")
 
 
 def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
             group: str = contracts.SPLITTER_GROUP, batch_size: int = SPLIT_BATCH_SIZE) -> Splitter:
-    """A splitter on the real servers (blocking: call it from the splitter's thread)."""
+    """A splitter on the real servers (blocking: call it from the splitter's thread).
+
+    It takes every partition of the inbound topic with ``assign()`` rather than
+    joining a consumer group: a join costs seconds at every start (half the
+    session timeout on tansu), and the monitor lease already makes this the
+    only splitter. The group id still keeps the committed offsets.
+    """
     hosts, partitions = settings.kafka_hosts, settings.kafka_partitions
     ensure_topics(hosts, [inbound_topic, contracts.REJECTED_TOPIC], partitions)
     consumer = Consumer(consumer_config(hosts, group))
-    consumer.subscribe([inbound_topic])
     producer = Producer(producer_config(hosts, **{"delivery.report.only.error": True}))
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
-    return Splitter(consumer, producer, redis,
-                    lambda topics: ensure_topics(hosts, topics, partitions),
-                    inbound_topic=inbound_topic, batch_size=batch_size)
+    splitter = Splitter(consumer, producer, redis,
+                        lambda topics: ensure_topics(hosts, topics, partitions),
+                        inbound_topic=inbound_topic, batch_size=batch_size)
+    splitter.assign_new_partitions()
+    return splitter
 
 
 async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: float) -> None:

@@ -284,3 +284,33 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
     assert redis.get(contracts.tokens_key(source)) is None  # emptied on the way out
     assert redis.sismember(contracts.HALTED, source) == 0
     redis.close()
+
+
+def test_a_second_monitor_stands_by_and_takes_over_when_the_first_stops(
+        stack_env: dict[str, str], redis_url: str, unique: str, tmp_path: Path) -> None:
+    """Two monitors at once would refill every bucket twice a second: the second one waits."""
+    source = f"lease{unique}"
+    sources = tmp_path / "sources.json"
+    sources.write_text(json.dumps([{"source_name": source, "image_count": 500_000_000}]))
+    env = {**stack_env, "SOURCES_URL": str(sources)}
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    first = MonitorProcess(env)
+    second = None
+    try:
+        wait_for(lambda: first.events(contracts.EVENT_MONITOR_STARTED), what="the first monitor")
+        second = MonitorProcess(env)
+        standby = wait_for(lambda: second.events(contracts.EVENT_MONITOR_STANDBY), what="the standby")
+        assert standby[0]["active"] == first.events(contracts.EVENT_MONITOR_STARTED)[0]["lease_holder"]
+        time.sleep(2)
+        assert not second.events(contracts.EVENT_MONITOR_STARTED)
+        assert first.stop() == 0
+        stopped = time.monotonic()
+        wait_for(lambda: second.events(contracts.EVENT_MONITOR_STARTED), what="the takeover")
+        assert time.monotonic() - stopped < 3  # handed over, not left to expire
+        wait_for(lambda: redis.get(contracts.tokens_key(source)) == "200", what="buckets from the second")
+    finally:
+        first.stop()
+        if second is not None:
+            assert second.stop() == 0, second.process.stderr.read()[-2000:]
+    assert redis.get(contracts.MONITOR_LEASE) is None
+    redis.close()
