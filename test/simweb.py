@@ -6,6 +6,11 @@ and whose own log of requests is the evidence for politeness: the crawler's
 word about its rate proves nothing, the server's arrival times do. Sources
 are told apart by port, so everything stays on 127.0.0.1.
 
+Arrival times are the kernel's receive timestamps (``SO_TIMESTAMPNS``), not
+the handler's clock: on a 2-core machine the crawl can keep this loop off the
+CPU for a few hundred milliseconds, and requests read late would be logged
+bunched together, a burst the crawler never sent.
+
 ``python -m test.simweb OUT_DIR`` serves the standard test web from a
 subprocess until SIGTERM, writing ``sources.json``, ``urls.tsv`` and one JSON
 line per request to ``requests.jsonl`` in OUT_DIR.
@@ -20,6 +25,8 @@ import io
 import json
 import random
 import signal
+import socket
+import struct
 import threading
 import time
 import uuid as uuidlib
@@ -74,6 +81,45 @@ class SiteSpec:
     seed: int = 0
 
 
+_SO_TIMESTAMPNS = 35  # Linux's option and its control message: a struct timespec per read
+_TIMESPEC = struct.Struct("@qq")
+
+
+class _StampedSocket(socket.socket):
+    """A listening socket whose connections note when the kernel received what they read."""
+
+    arrived = 0.0
+
+    def accept(self) -> tuple["_StampedSocket", object]:
+        fd, address = self._accept()
+        return _StampedSocket(self.family, self.type, self.proto, fileno=fd), address
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data, ancillary, _flags, _address = self.recvmsg(size, socket.CMSG_SPACE(_TIMESPEC.size), flags)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                seconds, nanoseconds = _TIMESPEC.unpack(payload[:_TIMESPEC.size])
+                self.arrived = seconds + nanoseconds / 1e9
+        return data
+
+
+def _listening_socket() -> _StampedSocket:
+    listener = _StampedSocket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Set here, it holds for every connection from its first packet, even one accepted late.
+    listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    listener.bind((HOST, 0))
+    listener.listen(512)
+    return listener
+
+
+def _arrival(request: web.Request) -> float:
+    """When the kernel received the request (the handler may run much later)."""
+    transport_socket = request.transport.get_extra_info("socket") if request.transport else None
+    arrived = getattr(getattr(transport_socket, "_sock", transport_socket), "arrived", 0.0)
+    return arrived or time.time()
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     time: float  # wall clock at arrival
@@ -103,7 +149,7 @@ class Site:
         return self.base_url + path
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        arrived = time.time()
+        arrived = _arrival(request)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -212,9 +258,9 @@ class SimWeb:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             self._runners.append(runner)
-            tcp = web.TCPSite(runner, HOST, 0, backlog=512)
-            await tcp.start()
-            site.port = tcp._server.sockets[0].getsockname()[1]
+            listener = _listening_socket()
+            await web.SockSite(runner, listener).start()
+            site.port = listener.getsockname()[1]
 
     async def stop(self) -> None:
         while self._runners:

@@ -8,9 +8,11 @@ subprocesses. The verdict comes from the outputs a downstream consumer sees
 """
 from __future__ import annotations
 
+import asyncio
 import io
 import random
 import time
+import urllib.request
 from pathlib import Path
 
 import botocore.session
@@ -22,7 +24,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS, kafka_server
 from test.conftest import BUCKET
-from test.simweb import Planned, SimWeb, image_size, spec_rate, standard_web
+from test.simweb import Planned, SimWeb, SiteSpec, image_size, spec_rate, standard_web
 
 N_SOURCES, N_URLS, WORKERS = 20, 2000, 2
 CRAWL_TIMEOUT = 240.0
@@ -103,6 +105,30 @@ def assert_polite(web: SimWeb, workers: int, **kwargs) -> None:
                   for v in site.violations(spec_rate(site.spec.image_count), DEFAULT_USER_AGENT,
                                            SETTINGS.crawl_per_host_connections * workers, **kwargs)]
     assert not violations, "impolite, as the sites logged it:\n" + "\n".join(violations)
+
+
+async def test_sites_log_when_a_request_arrived_not_when_they_got_to_it() -> None:
+    """The verdict rests on these times: a site whose loop is held up (by the crawl's CPU use
+    on a small machine) must not log the requests that waited as one burst."""
+    web = SimWeb([SiteSpec("stamped", 100, {"/a": b"x"})])
+    await web.start()
+    sent: list[float] = []
+
+    def request_soon() -> None:
+        time.sleep(0.05)
+        sent.append(time.time())
+        urllib.request.urlopen(web.sites["stamped"].url("/a"), timeout=10).read()
+
+    try:
+        for _ in range(3):
+            answered = asyncio.create_task(asyncio.to_thread(request_soon))
+            await asyncio.sleep(0)  # the thread starts
+            time.sleep(0.3)         # ... while this loop, the site's, is busy
+            await answered
+    finally:
+        await web.stop()
+    logged = [record.time for record in web.sites["stamped"].log]
+    assert len(logged) == 3 and all(abs(at - when) < 0.05 for at, when in zip(logged, sent)), (logged, sent)
 
 
 def test_2000_urls_over_20_sources_each_get_one_outcome_politely(crawl_env, s3_endpoint, tmp_path: Path,
