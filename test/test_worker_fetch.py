@@ -13,6 +13,7 @@ from common.contracts import source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis
 from worker import fetch as fetch_module
 from worker.fetch import FetchError, Fetcher
+from worker.constants import STALE_TOKEN_SECONDS
 from worker.tokens import ShuttingDown, TokenBuckets
 
 SOURCE = "example"
@@ -248,3 +249,49 @@ async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
     await send_for_a_second(tokens, sends)
     assert 1 <= len(sends) <= 11
     assert min((b - a for a, b in zip(sends, sends[1:])), default=1.0) >= 0.09
+
+
+async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, unique: str) -> None:
+    """The Lua script reads Redis's TIME (one clock for the fleet): on the real server two
+    workers sharing a full bucket send at most the rate, evenly spaced."""
+    source = f"paced{unique}"
+    await redis_client.set(tokens_key(source), 1000, ex=30)
+    sends: list[float] = []
+
+    async def one_worker(tokens: TokenBuckets) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.0
+        while loop.time() < deadline:
+            async with tokens.one_at_a_time(source):
+                await tokens.until_available(source)
+                if await tokens.take(source):
+                    sends.append(loop.time())
+
+    await asyncio.gather(*(one_worker(TokenBuckets(redis_client, rate_of=lambda s: 10.0)) for _ in range(2)))
+    sends.sort()
+    assert 5 <= len(sends) <= 12
+    assert min(b - a for a, b in zip(sends, sends[1:])) >= 0.09
+    assert int(await redis_client.get(source_requests_key(source))) == len(sends)
+
+
+async def test_a_token_answered_late_is_forfeited_and_not_counted(monkeypatch) -> None:
+    """A worker stalled while its token's answer waited must not send: the request would
+    reach the site bunched with the next one. The token is gone, the request not counted."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 5)
+    script = redis.register_script
+    stall = STALE_TOKEN_SECONDS
+
+    def slow_script(source: str):
+        decide = script(source)
+
+        async def decided_then_stalled(keys, args):
+            answer = await decide(keys, args)
+            await asyncio.sleep(stall + 0.05)
+            return answer
+        return decided_then_stalled
+
+    monkeypatch.setattr(redis, "register_script", slow_script)
+    assert not await TokenBuckets(redis, rate_of=lambda s: 10.0).take(SOURCE)
+    assert redis.integer(tokens_key(SOURCE)) == 4
+    assert redis.integer(source_requests_key(SOURCE)) == 0

@@ -5,6 +5,7 @@ import asyncio
 import io
 import json
 import struct
+import time
 import zlib
 from contextlib import asynccontextmanager
 from typing import Any
@@ -40,7 +41,8 @@ class FakeRedis:
 
         async def paced_decr(keys: list[str], args: list[str]) -> list:
             pace, bucket, requests = keys
-            now, interval, tolerance = map(float, args)
+            interval, tolerance = map(float, args)
+            now = time.time()  # the script reads Redis's clock
             due = float(self.store.get(pace, 0))
             if due - tolerance > now:
                 return [1, 0, str(due - tolerance - now)]

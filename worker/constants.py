@@ -42,6 +42,9 @@ MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a mes
 # Each pool process has one image in hand and one queued, so it never waits
 # for the event loop between images.
 REQUESTS_PER_PROCESS = 2
+# Pool processes run at this nice value: on a busy machine the image work yields
+# the CPU to the event loop, whose timing is what keeps requests evenly spaced.
+IMAGE_PROCESS_NICENESS = 10
 # Downloads reach the pool processes through reusable shared-memory segments,
 # one per request in flight. A segment grows to the largest body it carried,
 # rounded up to SHARED_SEGMENT_STEP; bodies above SHARED_SEGMENT_MAX (rare) go
@@ -65,6 +68,10 @@ TOKEN_POLL_MAX = 0.25
 # not leave a second's tokens unused, and at most ~(2 x margin - 1) x rate + 1 in any second
 # (the tests allow 10% + 1). Exact pacing (1.0) measured 82% of the summed limits, 1.03 92%.
 PACE_MARGIN = 1.03
+# A token whose answer took longer than this to arrive is not used (worker/tokens.py): the
+# worker was stalled, and its request would reach the site bunched with the next one. The
+# tests allow a site 10% + 1 extra requests in a second: ~70 ms of delay at 40 req/s.
+STALE_TOKEN_SECONDS = 0.05
 
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll

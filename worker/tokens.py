@@ -18,6 +18,14 @@ So the ``DECR`` runs in a script that first checks ``send_pace:{source}``,
 the source's next send time (GCRA, the rate from ``rate_limit:{source}``):
 requests to a source are about 1/rate apart whichever worker sends them,
 with a catch-up of a few percent of the rate for a worker that fell behind.
+The script reads the time from Redis (``TIME``): one clock for the whole
+fleet, so neither a worker whose clock runs behind nor one stalled between
+reading its clock and reaching Redis can send early.
+
+A token whose answer took longer than ``STALE_TOKEN_SECONDS`` to come back
+is forfeited rather than spent: the worker was stalled (CPU, a busy loop),
+and a request sent that late would reach the site right before the next
+one, sent on time by another worker.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ import time
 from typing import Callable
 
 from common.contracts import send_pace_key, source_requests_key, tokens_key
-from worker.constants import PACE_MARGIN, TOKEN_POLL_MAX, TOKEN_POLL_MIN
+from worker.constants import PACE_MARGIN, STALE_TOKEN_SECONDS, TOKEN_POLL_MAX, TOKEN_POLL_MIN
 
 
 class ShuttingDown(Exception):
@@ -41,10 +49,12 @@ class SourceHalted(Exception):
 
 # One round trip per request: the pace check, the DECR and, when a token was had, the INCR
 # of num_requests:{source}. KEYS: send_pace, currtokens, num_requests of the source;
-# ARGV: now (Unix s), interval (s, 0 when the rate is unknown), tolerance (s).
+# ARGV: interval (s, 0 when the rate is unknown), tolerance (s).
 # Returns {paced, tokens left after DECR, seconds until the next send may go}.
 PACED_DECR = """
-local now, interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
 local due = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if due - tolerance > now then
   return {1, 0, tostring(due - tolerance - now)}
@@ -105,13 +115,19 @@ class TokenBuckets:
         rate = self._pacing_rate(source)
         interval = 1.0 / (rate * PACE_MARGIN) if rate else 0.0  # unknown rate: the bucket alone decides
         catch_up = int((rate or 0.0) * (PACE_MARGIN - 1.0))  # requests a late worker may send back to back
+        asked = time.monotonic()
         paced, left, wait = await self._paced_decr(
             keys=[send_pace_key(source), tokens_key(source), source_requests_key(source)],
-            args=[f"{time.time():.6f}", f"{interval:.6f}", f"{catch_up * interval:.6f}"])
-        self._next_send[source] = time.monotonic() + float(wait)
+            args=[f"{interval:.6f}", f"{catch_up * interval:.6f}"])
+        answered = time.monotonic()
+        self._next_send[source] = answered + float(wait)
         if left > 0:
             self._stocked.add(source)
-        return not paced and left >= 0
+        granted = not paced and left >= 0
+        if granted and answered - asked > STALE_TOKEN_SECONDS:
+            await self._redis.decr(source_requests_key(source))  # counted, but never sent
+            return False
+        return granted
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once when the worker stops (cheaper than wait_for on an event)."""
