@@ -9,6 +9,7 @@ import pytest
 
 import worker.pool as pool_module
 from test.worker_fakes import image_bytes
+from worker.constants import IMAGE_PROCESS_NICENESS
 from worker.pool import ImagePool, Segment, SharedSegments
 
 TARGET = 64
@@ -128,3 +129,13 @@ async def test_a_cancelled_analysis_leaves_no_stale_answer_for_the_next_one() ->
     finally:
         pool.close()
     assert not any(process.is_alive() for process in processes)  # close() leaves none behind
+
+
+async def test_image_processes_yield_the_cpu_to_the_event_loop() -> None:
+    """On a busy machine the image work, not the loop that spaces requests, waits."""
+    pool = ImagePool(processes=1)
+    try:
+        await pool.analyze(image_bytes("PNG", (20, 10)), TARGET)  # the process has started
+        assert await pool._run(1, os.nice, 0) == min(os.nice(0) + IMAGE_PROCESS_NICENESS, 19)
+    finally:
+        pool.close()

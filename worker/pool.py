@@ -24,6 +24,7 @@ error, not the worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import mmap
 import multiprocessing
@@ -39,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from common.jsonlog import log_event
-from worker.constants import REQUESTS_PER_PROCESS, SHARED_SEGMENT_MAX, SHARED_SEGMENT_STEP
+from worker.constants import (IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS, SHARED_SEGMENT_MAX,
+                              SHARED_SEGMENT_STEP)
 from worker.imaging import Analysis, analyze
 
 CRASHED = "ImageWorkerCrashed"
@@ -139,6 +141,10 @@ class PoolProcess:
             process.start()
         finally:
             theirs.close()
+        # Lower its priority at once rather than from inside it: its imports already count.
+        niceness = min(os.getpriority(os.PRIO_PROCESS, 0) + IMAGE_PROCESS_NICENESS, 19)
+        with contextlib.suppress(OSError):  # it died already: the first call will say so
+            os.setpriority(os.PRIO_PROCESS, process.pid, niceness)
         ours.setblocking(False)
         return cls(process, ours)
 
