@@ -45,6 +45,14 @@ class Settings:
     monitor_port: int = 8090
     shutdown_timeout: float = 30.0
 
+    def __post_init__(self) -> None:
+        # Half a key pair is a mistake, not a request for some other identity: botocore's
+        # own environment lookup refuses it too, and the client and the thumbnail signer
+        # must sign as the same principal.
+        if bool(self.aws_access_key_id) != bool(self.aws_secret_access_key):
+            raise SettingsError("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together "
+                                "(or neither, for the default chain: profile, instance role)")
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
@@ -86,9 +94,8 @@ class Settings:
         kwargs = {"region_name": self.aws_default_region}
         if self.s3_endpoint_url:
             kwargs["endpoint_url"] = self.s3_endpoint_url
-        if self.aws_access_key_id:
+        if self.aws_access_key_id and self.aws_secret_access_key:  # else the default chain
             kwargs["aws_access_key_id"] = self.aws_access_key_id
-        if self.aws_secret_access_key:
             kwargs["aws_secret_access_key"] = self.aws_secret_access_key
         return kwargs
 

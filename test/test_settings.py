@@ -26,6 +26,16 @@ def test_bad_values_name_the_setting(name: str, value: str) -> None:
         Settings.from_env({name: value})
 
 
+@pytest.mark.parametrize("pair", [{"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}, {"AWS_SECRET_ACCESS_KEY": "secret"}])
+def test_half_an_aws_key_pair_is_refused(pair: dict[str, str]) -> None:
+    """Else the S3 client and the thumbnail signer could sign as different principals."""
+    with pytest.raises(SettingsError, match="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        Settings.from_env(pair)
+    both = Settings.from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret"})
+    assert both.s3_client_kwargs()["aws_secret_access_key"] == "secret"
+    assert "aws_access_key_id" not in Settings.from_env({}).s3_client_kwargs()
+
+
 def test_a_process_with_a_bad_setting_exits_with_one_line() -> None:
     result = subprocess.run(
         [sys.executable, "-c", "from common.settings import load_settings; load_settings()"],

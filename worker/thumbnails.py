@@ -72,8 +72,8 @@ class S3Thumbnails:
 
 
 async def put_signer(settings: Settings) -> PutSigner:
-    """Ask the client once where the bucket's objects live; take credentials as it would
-    (explicit settings first, then the default chain: environment, profile, instance role)."""
+    """Ask the client once where the bucket's objects live; take credentials as it does
+    (``s3_client_kwargs``: the settings' key pair if set, else the default chain)."""
     session = get_session()
     # SigV4 everywhere (presigned URLs would default to SigV2).
     config = AioConfig(signature_version="s3v4")
