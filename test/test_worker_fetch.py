@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -274,7 +275,7 @@ async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, uni
     assert int(await redis_client.get(source_requests_key(source))) == len(sends)
 
 
-async def test_a_token_answered_late_is_forfeited_and_not_counted(monkeypatch) -> None:
+async def test_a_token_answered_late_is_forfeited_and_not_counted(monkeypatch, capsys) -> None:
     """A worker stalled while its token's answer waited must not send: the request would
     reach the site bunched with the next one. The token is gone, the request not counted."""
     redis = FakeRedis()
@@ -292,6 +293,10 @@ async def test_a_token_answered_late_is_forfeited_and_not_counted(monkeypatch) -
         return decided_then_stalled
 
     monkeypatch.setattr(redis, "register_script", slow_script)
-    assert not await TokenBuckets(redis, rate_of=lambda s: 10.0).take(SOURCE)
+    tokens = TokenBuckets(redis, rate_of=lambda s: 10.0)
+    assert not await tokens.take(SOURCE)
     assert redis.integer(tokens_key(SOURCE)) == 4
     assert redis.integer(source_requests_key(SOURCE)) == 0
+    assert not await tokens.take(SOURCE)  # reported once a minute, not once a token
+    reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["event"], r["by_source"]) for r in reports] == [("worker_tokens_forfeited", {SOURCE: 1})]

@@ -72,6 +72,7 @@ PACE_MARGIN = 1.03
 # worker was stalled, and its request would reach the site bunched with the next one. The
 # tests allow a site 10% + 1 extra requests in a second: ~70 ms of delay at 40 req/s.
 STALE_TOKEN_SECONDS = 0.05
+FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute
 
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll

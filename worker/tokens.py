@@ -25,7 +25,9 @@ reading its clock and reaching Redis can send early.
 A token whose answer took longer than ``STALE_TOKEN_SECONDS`` to come back
 is forfeited rather than spent: the worker was stalled (CPU, a busy loop),
 and a request sent that late would reach the site right before the next
-one, sent on time by another worker.
+one, sent on time by another worker. Forfeits are reported in
+``worker_tokens_forfeited`` (at most once a minute): they mean the worker is
+starved of CPU and its sources get less than their rate.
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ import time
 from typing import Callable
 
 from common.contracts import send_pace_key, source_requests_key, tokens_key
-from worker.constants import PACE_MARGIN, STALE_TOKEN_SECONDS, TOKEN_POLL_MAX, TOKEN_POLL_MIN
+from common.jsonlog import log_event
+from worker.constants import (FORFEIT_REPORT_SECONDS, PACE_MARGIN, STALE_TOKEN_SECONDS, TOKEN_POLL_MAX,
+                              TOKEN_POLL_MIN)
 
 
 class ShuttingDown(Exception):
@@ -81,6 +85,9 @@ class TokenBuckets:
         self._halted: set[str] = set()
         self._next_send: dict[str, float] = {}  # source -> monotonic time its next token may be spent
         self._stocked: set[str] = set()  # sources whose last DECR left tokens: no need to peek
+        self._forfeited: dict[str, int] = {}  # source -> tokens forfeited since the last report
+        self._slowest_answer = 0.0
+        self._forfeits_reported_at = float("-inf")
 
     def one_at_a_time(self, source: str) -> asyncio.Lock:
         """Held while a task waits for its token, so a source has one poller at a time."""
@@ -126,8 +133,19 @@ class TokenBuckets:
         granted = not paced and left >= 0
         if granted and answered - asked > STALE_TOKEN_SECONDS:
             await self._redis.decr(source_requests_key(source))  # counted, but never sent
+            self._report_forfeit(source, answered - asked)
             return False
         return granted
+
+    def _report_forfeit(self, source: str, answer_seconds: float) -> None:
+        self._forfeited[source] = self._forfeited.get(source, 0) + 1
+        self._slowest_answer = max(self._slowest_answer, answer_seconds)
+        now = time.monotonic()
+        if now - self._forfeits_reported_at >= FORFEIT_REPORT_SECONDS:
+            log_event("worker_tokens_forfeited", by_source=self._forfeited,
+                      slowest_answer_ms=round(self._slowest_answer * 1000),
+                      msg="tokens answered too late to send on time: this worker is short of CPU")
+            self._forfeited, self._slowest_answer, self._forfeits_reported_at = {}, 0.0, now
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once when the worker stops (cheaper than wait_for on an event)."""
