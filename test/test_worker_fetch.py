@@ -15,7 +15,7 @@ from test.worker_fakes import AllowAllGate, FakeRedis
 from worker import fetch as fetch_module
 from worker.fetch import FetchError, Fetcher
 from worker.constants import STALE_TOKEN_SECONDS
-from worker.tokens import ShuttingDown, TokenBuckets
+from worker.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 
 SOURCE = "example"
 BODY = b"\x89PNG" + b"x" * 1000
@@ -275,28 +275,45 @@ async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, uni
     assert int(await redis_client.get(source_requests_key(source))) == len(sends)
 
 
-async def test_a_token_answered_late_is_forfeited_and_not_counted(monkeypatch, capsys) -> None:
+def answering_after(redis: FakeRedis, delays: list[float]) -> None:
+    """Make the pace script's answers arrive after these delays, one per call (a stall
+    between Redis's decision and the worker reading it)."""
+    decide = redis.register_script(PACED_DECR)
+
+    async def decided_then_delayed(keys, args):
+        answer = await decide(keys, args)
+        await asyncio.sleep(delays.pop(0))
+        return answer
+    redis.register_script = lambda script: decided_then_delayed
+
+
+async def takes(tokens: TokenBuckets, count: int) -> list[bool]:
+    results = []
+    for _ in range(count):
+        await asyncio.sleep(0.02)  # past the pace interval (rate 100/s)
+        results.append(await tokens.take(SOURCE))
+    return results
+
+
+async def test_a_token_answered_late_is_forfeited_and_not_counted(capsys) -> None:
     """A worker stalled while its token's answer waited must not send: the request would
     reach the site bunched with the next one. The token is gone, the request not counted."""
     redis = FakeRedis()
-    await redis.set(tokens_key(SOURCE), 5)
-    script = redis.register_script
-    stall = STALE_TOKEN_SECONDS
-
-    def slow_script(source: str):
-        decide = script(source)
-
-        async def decided_then_stalled(keys, args):
-            answer = await decide(keys, args)
-            await asyncio.sleep(stall + 0.05)
-            return answer
-        return decided_then_stalled
-
-    monkeypatch.setattr(redis, "register_script", slow_script)
-    tokens = TokenBuckets(redis, rate_of=lambda s: 10.0)
-    assert not await tokens.take(SOURCE)
+    await redis.set(tokens_key(SOURCE), 10)
+    stall = STALE_TOKEN_SECONDS + 0.05
+    answering_after(redis, [0, 0, 0, stall, stall, 0])
+    tokens = TokenBuckets(redis, rate_of=lambda s: 100.0)
+    assert await takes(tokens, 6) == [True, True, True, False, False, True]
     assert redis.integer(tokens_key(SOURCE)) == 4
-    assert redis.integer(source_requests_key(SOURCE)) == 0
-    assert not await tokens.take(SOURCE)  # reported once a minute, not once a token
+    assert redis.integer(source_requests_key(SOURCE)) == 4
     reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    # Reported once a minute, not once a token.
     assert [(r["event"], r["by_source"]) for r in reports] == [("worker_tokens_forfeited", {SOURCE: 1})]
+
+
+async def test_a_redis_that_always_answers_slowly_forfeits_nothing() -> None:
+    """Late means later than usual: a far-away Redis must not stop the crawl."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    answering_after(redis, [STALE_TOKEN_SECONDS + 0.03] * 5)
+    assert await takes(TokenBuckets(redis, rate_of=lambda s: 100.0), 5) == [True] * 5

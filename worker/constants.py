@@ -68,10 +68,12 @@ TOKEN_POLL_MAX = 0.25
 # not leave a second's tokens unused, and at most ~(2 x margin - 1) x rate + 1 in any second
 # (the tests allow 10% + 1). Exact pacing (1.0) measured 82% of the summed limits, 1.03 92%.
 PACE_MARGIN = 1.03
-# A token whose answer took longer than this to arrive is not used (worker/tokens.py): the
-# worker was stalled, and its request would reach the site bunched with the next one. The
-# tests allow a site 10% + 1 extra requests in a second: ~70 ms of delay at 40 req/s.
+# A token whose answer arrived this much later than answers usually do (a moving average,
+# weight TOKEN_ANSWER_SMOOTHING per answer) is not used (worker/tokens.py): the worker was
+# stalled, and its request would reach the site bunched with the next one. The tests
+# allow a site 10% + 1 extra requests in a second: ~70 ms of delay at 40 req/s.
 STALE_TOKEN_SECONDS = 0.05
+TOKEN_ANSWER_SMOOTHING = 0.1
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute
 
 # --- Scheduling (worker/scheduler.py) -----------------------------------------

@@ -22,12 +22,13 @@ The script reads the time from Redis (``TIME``): one clock for the whole
 fleet, so neither a worker whose clock runs behind nor one stalled between
 reading its clock and reaching Redis can send early.
 
-A token whose answer took longer than ``STALE_TOKEN_SECONDS`` to come back
-is forfeited rather than spent: the worker was stalled (CPU, a busy loop),
-and a request sent that late would reach the site right before the next
-one, sent on time by another worker. Forfeits are reported in
-``worker_tokens_forfeited`` (at most once a minute): they mean the worker is
-starved of CPU and its sources get less than their rate.
+A token whose answer came back more than ``STALE_TOKEN_SECONDS`` later
+than this worker's answers usually do is forfeited rather than spent: the
+worker (or Redis) was stalled, and a request sent that late would reach the
+site right before the next one, sent on time by another worker. "Usually"
+is a moving average, so a Redis that is always far away stops nothing.
+Forfeits are reported in ``worker_tokens_forfeited`` (at most once a
+minute): many mean a worker short of CPU, whose sources get less than their rate.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ from typing import Callable
 
 from common.contracts import send_pace_key, source_requests_key, tokens_key
 from common.jsonlog import log_event
-from worker.constants import (FORFEIT_REPORT_SECONDS, PACE_MARGIN, STALE_TOKEN_SECONDS, TOKEN_POLL_MAX,
-                              TOKEN_POLL_MIN)
+from worker.constants import (FORFEIT_REPORT_SECONDS, PACE_MARGIN, STALE_TOKEN_SECONDS,
+                              TOKEN_ANSWER_SMOOTHING, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
 
 
 class ShuttingDown(Exception):
@@ -85,6 +86,7 @@ class TokenBuckets:
         self._halted: set[str] = set()
         self._next_send: dict[str, float] = {}  # source -> monotonic time its next token may be spent
         self._stocked: set[str] = set()  # sources whose last DECR left tokens: no need to peek
+        self._usual_answer: float | None = None  # moving average of the script's answer time, s
         self._forfeited: dict[str, int] = {}  # source -> tokens forfeited since the last report
         self._slowest_answer = 0.0
         self._forfeits_reported_at = float("-inf")
@@ -131,11 +133,17 @@ class TokenBuckets:
         if left > 0:
             self._stocked.add(source)
         granted = not paced and left >= 0
-        if granted and answered - asked > STALE_TOKEN_SECONDS:
+        if granted and self._late(answered - asked):
             await self._redis.decr(source_requests_key(source))  # counted, but never sent
             self._report_forfeit(source, answered - asked)
             return False
         return granted
+
+    def _late(self, answer: float) -> bool:
+        """Whether this answer took ``STALE_TOKEN_SECONDS`` longer than answers usually do."""
+        usual = answer if self._usual_answer is None else self._usual_answer
+        self._usual_answer = usual + TOKEN_ANSWER_SMOOTHING * (answer - usual)
+        return answer > usual + STALE_TOKEN_SECONDS
 
     def _report_forfeit(self, source: str, answer_seconds: float) -> None:
         self._forfeited[source] = self._forfeited.get(source, 0) + 1
@@ -144,7 +152,8 @@ class TokenBuckets:
         if now - self._forfeits_reported_at >= FORFEIT_REPORT_SECONDS:
             log_event("worker_tokens_forfeited", by_source=self._forfeited,
                       slowest_answer_ms=round(self._slowest_answer * 1000),
-                      msg="tokens answered too late to send on time: this worker is short of CPU")
+                      usual_answer_ms=round((self._usual_answer or 0.0) * 1000, 1),
+                      msg="tokens answered too late to send on time: this worker or its Redis stalled")
             self._forfeited, self._slowest_answer, self._forfeits_reported_at = {}, 0.0, now
 
     async def _sleep(self, seconds: float) -> None:
