@@ -53,7 +53,11 @@ class Result:
     wall: float
     server_span: float
     cpu: float
-    infra_cpu: float | None = None
+    server_cpu: dict[str, float] | None = None  # server name -> CPU seconds over the run
+
+    @property
+    def infra_cpu(self) -> float | None:
+        return None if self.server_cpu is None else sum(self.server_cpu.values())
 
     def row(self) -> str:
         infra = "-" if self.infra_cpu is None else f"{(self.cpu + self.infra_cpu) / self.images * 1000:.1f}"
@@ -132,18 +136,19 @@ def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path) -> Result:
     web = SimWeb(specs)
     stack = LocalStack(work / "stack")
     with stack as addresses:
-        servers = [s.process.pid for s in stack.servers if s.process]
+        servers = {s.name: s.process.pid for s in stack.servers if s.process}
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
-        infra0, cpu0, started = proc_cpu(servers), children_cpu(), time.monotonic()
+        servers0 = {name: proc_cpu([pid]) for name, pid in servers.items()}
+        cpu0, started = children_cpu(), time.monotonic()
         with crawl(web, plan, base, work / "ours", PROCESSES,
                    CRAWL_PER_HOST_CONNECTIONS=str(PER_HOST_CONNECTIONS)) as (cluster, outcomes):
             if not outcomes.wait(TIMEOUT):
                 raise RuntimeError(f"{len(outcomes.missing())} URLs without an outcome; see {work / 'ours'}")
             wall = time.monotonic() - started
-            infra = proc_cpu(servers) - infra0
+            server_cpu = {name: proc_cpu([pid]) - servers0[name] for name, pid in servers.items()}
             cluster.stop()
         cpu = children_cpu() - cpu0
-    return Result("this crawler", outcomes.totals()[QUALITY], wall, server_span(web), cpu, infra)
+    return Result("this crawler", outcomes.totals()[QUALITY], wall, server_span(web), cpu, server_cpu)
 
 
 def main() -> None:
@@ -165,6 +170,10 @@ def main() -> None:
     print(HEADER)
     for result in results:
         print(result.row())
+    for result in results:
+        if result.server_cpu:
+            print("servers' CPU ms/img: " + ", ".join(
+                f"{name} {seconds / result.images * 1000:.2f}" for name, seconds in result.server_cpu.items()))
 
 
 if __name__ == "__main__":
