@@ -139,3 +139,13 @@ async def test_image_processes_yield_the_cpu_to_the_event_loop() -> None:
         assert await pool._run(1, os.nice, 0) == min(os.nice(0) + IMAGE_PROCESS_NICENESS, 19)
     finally:
         pool.close()
+
+
+async def test_answers_bigger_than_one_read_or_several_in_one_read_each_arrive_whole() -> None:
+    pool = ImagePool(processes=1)
+    sizes = [3, 600_000, 10, 1_000_000, 7, 0, 300_000, 5, 6]
+    try:
+        answers = await asyncio.gather(*(pool._run(1, os.urandom, size) for size in sizes))
+        assert [len(answer) for answer in answers] == sizes
+    finally:
+        pool.close()
