@@ -29,6 +29,7 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.cpu import proc_cpu
 from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from demo.sample import PHOTOS, _photo, variant
@@ -88,15 +89,6 @@ def build_web(urls: int) -> tuple[list[SiteSpec], list[Planned]]:
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def proc_cpu(pids: list[int]) -> float:
-    """utime+stime (and reaped children's) of running processes, from /proc."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += sum(int(v) for v in fields[11:15])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def server_span(web: SimWeb) -> float:

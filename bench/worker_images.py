@@ -1,8 +1,10 @@
 """Worker image throughput: ``python -m bench.worker_images [--stack] [--seconds S]``.
 
 Three corpora (icons, ~1 MP photos, ~12 MP photos, made from scikit-image's
-sample photos) are served by a local HTTP server in its own process. For
-each corpus, side by side in one run:
+sample photos) are served by a lean local HTTP server in its own process
+(its CPU per image in the worker's runs is shown: it competes with the
+worker for the same cores, which the bare loop does not). For each corpus,
+side by side in one run:
 
 - bare: decode, thumbnail, encode in a process pool of the pool's size;
 - worker: ``ImageTask.process`` per URL (fetch with tokens and gate, the
@@ -34,6 +36,7 @@ from pathlib import Path
 import aiohttp
 from PIL import Image
 
+from bench.cpu import proc_cpu
 from common.contracts import CrawlRequest, tokens_key
 from common.settings import Settings
 from devstack.servers import free_port
@@ -91,12 +94,34 @@ def camera_like(photo: Image.Image, pixels: float) -> Image.Image:
     return Image.blend(big, Image.effect_noise(big.size, 32).convert("RGB"), 0.2)
 
 
+# The stand-in for the web: keep-alive HTTP/1.1, bodies by sendfile. It shares the machine's
+# cores with the contenders, and only the worker's side pays for it, so it must cost little:
+# aiohttp's static files cost 0.7-1.8 ms of CPU per image here, more than the worker itself.
 SERVER = """
-import sys
-from aiohttp import web
-app = web.Application()
-app.router.add_static("/", sys.argv[1])
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), print=None, access_log=None)
+import asyncio, os, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+files = {"/" + p.relative_to(root).as_posix(): open(p, "rb") for p in root.rglob("*") if p.is_file()}
+
+async def serve(reader, writer):
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            path = (await reader.readuntil(b"\\r\\n\\r\\n")).split(b" ", 2)[1].decode()
+            file = files.get(path)
+            size = os.fstat(file.fileno()).st_size if file else 0
+            writer.write(b"HTTP/1.1 %s\\r\\nContent-Length: %d\\r\\n\\r\\n"
+                         % (b"200 OK" if file else b"404 Not Found", size))
+            if file:
+                await loop.sendfile(writer.transport, file, 0, size)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+async def main():
+    async with await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[2])) as server:
+        await server.serve_forever()
+
+asyncio.run(main())
 """
 
 
@@ -224,19 +249,22 @@ async def main_async(args: argparse.Namespace) -> None:
                 urls = [f"http://127.0.0.1:{port}/{name}" for name in names]
                 # Alternating rounds, so a neighbour's load on this shared machine hits both alike.
                 bare_n = bare_s = worker_n = worker_s = worker_cpu = download_n = download_cpu = 0.0
+                server_cpu = 0.0
                 for _round in range(ROUNDS):
                     n, seconds = run_bare(executor, blobs, args.seconds / ROUNDS)
                     bare_n, bare_s = bare_n + n, bare_s + seconds
+                    server_started = proc_cpu([server.pid])
                     n, seconds, cpu = await run_worker(task, urls, args.seconds / ROUNDS,
                                                        processes * CONCURRENCY_PER_PROCESS)
                     worker_n, worker_s, worker_cpu = worker_n + n, worker_s + seconds, worker_cpu + cpu
+                    server_cpu += proc_cpu([server.pid]) - server_started
                     n, cpu = await run_download(session, urls, args.seconds / ROUNDS / 4,
                                                 processes * CONCURRENCY_PER_PROCESS)
                     download_n, download_cpu = download_n + n, download_cpu + cpu
                 bare_rate, rate = bare_n / bare_s, worker_n / worker_s
                 mean_kb = sum(map(len, blobs)) / len(blobs) / 1024
                 rows.append((corpus, mean_kb, bare_rate, rate, rate / bare_rate, worker_cpu * 1000 / worker_n,
-                             download_cpu * 1000 / download_n, int(worker_n)))
+                             download_cpu * 1000 / download_n, server_cpu * 1000 / worker_n, int(worker_n)))
     finally:
         pool.close()
         executor.shutdown()
@@ -245,10 +273,10 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\npool processes: {processes}; sinks: {'local stack (real clients)' if args.stack else 'in-memory'}; "
           f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'corpus':<8}{'mean KB':>9}{'bare img/s':>12}{'worker img/s':>14}{'ratio':>8}"
-          f"{'worker CPU ms/img':>19}{'of it download':>16}{'images':>8}")
-    for corpus, kb, bare_rate, rate, ratio, cpu_ms, download_ms, done in rows:
+          f"{'worker CPU ms/img':>19}{'of it download':>16}{'site CPU ms/img':>17}{'images':>8}")
+    for corpus, kb, bare_rate, rate, ratio, cpu_ms, download_ms, server_ms, done in rows:
         print(f"{corpus:<8}{kb:>9.0f}{bare_rate:>12.1f}{rate:>14.1f}{ratio:>8.0%}{cpu_ms:>19.2f}"
-              f"{download_ms:>16.2f}{done:>8}")
+              f"{download_ms:>16.2f}{server_ms:>17.2f}{done:>8}")
 
 
 async def _wait_for_server(session: aiohttp.ClientSession, port: int) -> None:
