@@ -75,14 +75,15 @@ async def put_signer(settings: Settings) -> PutSigner:
     """Ask the client once where the bucket's objects live; take credentials as it does
     (``s3_client_kwargs``: the settings' key pair if set, else the default chain)."""
     session = get_session()
+    client_kwargs = settings.s3_client_kwargs()
     # SigV4 everywhere (presigned URLs would default to SigV2).
     config = AioConfig(signature_version="s3v4")
-    async with session.create_client("s3", config=config, **settings.s3_client_kwargs()) as client:
+    async with session.create_client("s3", config=config, **client_kwargs) as client:
         template = await client.generate_presigned_url(
             "put_object", Params={"Bucket": settings.s3_bucket, "Key": _TEMPLATE_KEY})
         region = client.meta.region_name
-    if settings.aws_access_key_id and settings.aws_secret_access_key:
-        credentials = AioCredentials(settings.aws_access_key_id, settings.aws_secret_access_key)
+    if "aws_access_key_id" in client_kwargs:  # the same key pair the client was given
+        credentials = AioCredentials(client_kwargs["aws_access_key_id"], client_kwargs["aws_secret_access_key"])
     else:
         credentials = await session.get_credentials()
     if credentials is None:
