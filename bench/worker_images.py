@@ -41,7 +41,7 @@ from common.contracts import CrawlRequest, tokens_key
 from common.settings import Settings
 from devstack.servers import free_port
 from test.worker_fakes import AllowAllGate, FakeProducer, FakeRedis, FakeThumbnails
-from worker.constants import THUMBNAIL_JPEG_QUALITY
+from worker.constants import THUMBNAIL_JPEG_QUALITY, THUMBNAIL_REDUCING_GAP
 from worker.fetch import Fetcher
 from worker.imaging import RESAMPLE
 from worker.pool import ImagePool, default_pool_size
@@ -128,7 +128,7 @@ asyncio.run(main())
 def bare(data: bytes) -> int:
     """The least a thumbnailer can do: decode, thumbnail, encode."""
     with Image.open(io.BytesIO(data)) as image:
-        image.thumbnail((TARGET, TARGET), RESAMPLE)
+        image.thumbnail((TARGET, TARGET), RESAMPLE, reducing_gap=THUMBNAIL_REDUCING_GAP)
         out = io.BytesIO()
         image.convert("RGB").save(out, "JPEG", quality=THUMBNAIL_JPEG_QUALITY)
     return len(out.getvalue())

@@ -15,7 +15,8 @@ from typing import Any
 
 from PIL import Image
 
-from worker.constants import MAX_IMAGE_PIXELS, THUMBNAIL_JPEG_QUALITY, THUMBNAIL_RESAMPLE
+from worker.constants import (MAX_IMAGE_PIXELS, THUMBNAIL_JPEG_QUALITY, THUMBNAIL_REDUCING_GAP,
+                              THUMBNAIL_RESAMPLE)
 from worker.exif_json import exif_to_json
 from worker.jpeg_quality import estimate_quality
 
@@ -58,7 +59,9 @@ def _analyze(data: bytes, target_resolution: int) -> Analysis:
         if image.format in ("JPEG", "MPO"):
             quality = estimate_quality(getattr(image, "quantization", None) or {})
         exif = exif_to_json(image.getexif()) or None
-        image.thumbnail((target_resolution, target_resolution), RESAMPLE)  # first frame; JPEG draft mode
+        # The first frame; a JPEG in draft mode (decoded at a reduced DCT scale).
+        image.thumbnail((target_resolution, target_resolution), RESAMPLE,
+                        reducing_gap=THUMBNAIL_REDUCING_GAP)
         thumbnail = _encode_jpeg(_to_rgb(image))
     return Analysis(width=width, height=height, compression_quality=quality,
                     exif=exif, thumbnail=thumbnail)
