@@ -162,6 +162,11 @@ def main() -> None:
     print(HEADER)
     for result in results:
         print(result.row())
+    for peer, ours in zip(results[::2], results[1::2]):
+        print(f"this crawler / img2dataset: {ours.images / ours.wall / (peer.images / peer.wall):.0%} e2e, "
+              f"{ours.images / ours.server_span / (peer.images / peer.server_span):.0%} over the span; "
+              f"CPU per image {ours.cpu / ours.images / (peer.cpu / peer.images):.0%}, "
+              f"{(ours.cpu + (ours.infra_cpu or 0)) / ours.images / (peer.cpu / peer.images):.0%} with the servers")
     for result in results:
         if result.server_cpu:
             print("servers' CPU ms/img: " + ", ".join(
