@@ -198,7 +198,10 @@ class PoolProcess:
                 if not answer.done():  # a cancelled caller's answer is dropped
                     answer.set_result(pickle.loads(view[start + _LENGTH.size:end]))
                 start = end
-        self._received = bytearray(data[start:])
+        if data is self._received:  # answers taken from the front: the rest stays where it is
+            del self._received[:start]
+        else:
+            self._received = bytearray(data[start:])
 
     def _fail(self, error: Exception) -> None:
         if self._loop is not None and self.sock.fileno() >= 0:
