@@ -31,6 +31,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from confluent_kafka import Producer
 
+from bench.cpu import stat_cpu
 from common.contracts import INBOUND_SOURCES, override_rate_key, source_topic
 from common.kafka import ensure_topics, producer_config
 from crawl_monitor.regulator import Regulator
@@ -78,17 +79,12 @@ def serve(ports_path: str, log_path: str) -> None:
 
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU of one process (not its children), from /proc."""
-    return _cpu_seconds(Path(f"/proc/{pid}/stat"))
+    return stat_cpu(Path(f"/proc/{pid}/stat"))
 
 
 def main_thread_cpu_seconds(pid: int) -> float:
     """User + system CPU of the process's main thread (the event loop), from /proc."""
-    return _cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
-
-
-def _cpu_seconds(stat: Path) -> float:
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu(Path(f"/proc/{pid}/task/{pid}/stat"))
 
 
 async def redis_calls(redis_url: str) -> dict[str, int]:
