@@ -63,11 +63,27 @@ class Result:
     def infra_cpu(self) -> float | None:
         return None if self.server_cpu is None else sum(self.server_cpu.values())
 
+    @property
+    def rate(self) -> float:
+        return self.images / self.wall
+
+    @property
+    def span_rate(self) -> float:
+        return self.images / self.server_span
+
+    @property
+    def cpu_per_image(self) -> float:
+        return self.cpu / self.images
+
+    @property
+    def cpu_per_image_with_servers(self) -> float:
+        return (self.cpu + (self.infra_cpu or 0.0)) / self.images
+
     def row(self) -> str:
-        infra = "-" if self.infra_cpu is None else f"{(self.cpu + self.infra_cpu) / self.images * 1000:.1f}"
-        return (f"{self.system:<16}{self.images:>7}{self.wall:>9.1f}{self.images / self.wall:>11.1f}"
-                f"{self.images / self.server_span:>13.1f}{self.first_request:>14.1f}"
-                f"{self.cpu / self.images * 1000:>14.1f}{infra:>18}")
+        infra = "-" if self.infra_cpu is None else f"{self.cpu_per_image_with_servers * 1000:.1f}"
+        return (f"{self.system:<16}{self.images:>7}{self.wall:>9.1f}{self.rate:>11.1f}"
+                f"{self.span_rate:>13.1f}{self.first_request:>14.1f}"
+                f"{self.cpu_per_image * 1000:>14.1f}{infra:>18}")
 
 
 HEADER = (f"{'system':<16}{'images':>7}{'wall s':>9}{'img/s e2e':>11}{'img/s server':>13}"
@@ -170,10 +186,10 @@ def main() -> None:
     for result in results:
         print(result.row())
     for peer, ours in zip(results[::2], results[1::2]):
-        print(f"this crawler / img2dataset: {ours.images / ours.wall / (peer.images / peer.wall):.0%} e2e, "
-              f"{ours.images / ours.server_span / (peer.images / peer.server_span):.0%} over the span; "
-              f"CPU per image {ours.cpu / ours.images / (peer.cpu / peer.images):.0%}, "
-              f"{(ours.cpu + (ours.infra_cpu or 0)) / ours.images / (peer.cpu / peer.images):.0%} with the servers")
+        print(f"this crawler / img2dataset: {ours.rate / peer.rate:.0%} e2e, "
+              f"{ours.span_rate / peer.span_rate:.0%} over the span; "
+              f"CPU per image {ours.cpu_per_image / peer.cpu_per_image:.0%}, "
+              f"{ours.cpu_per_image_with_servers / peer.cpu_per_image:.0%} with the servers")
     for result in results:
         if result.server_cpu:
             print("servers' CPU ms/img: " + ", ".join(
