@@ -3,17 +3,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from contextlib import asynccontextmanager
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from common.contracts import source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis
-from worker import fetch as fetch_module
 from worker.fetch import FetchError, Fetcher
+from worker.http_client import HttpClient
+from worker.politeness.addresses import GuardedResolver
 from worker.constants import STALE_TOKEN_SECONDS
 from worker.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 
@@ -80,19 +81,20 @@ async def server():
 
 @pytest.fixture
 async def session():
-    async with aiohttp.ClientSession(headers={"User-Agent": USER_AGENT}) as session:
-        yield session
+    client = HttpClient(USER_AGENT)
+    yield client
+    await client.close()
 
 
-def make_fetcher(session, redis, gate=None, max_bytes: int = 50_000) -> Fetcher:
-    return Fetcher(session, gate or AllowAllGate(), TokenBuckets(redis), max_bytes)
+def make_fetcher(session, redis, gate=None, max_bytes: int = 50_000, total_timeout: float = 90.0) -> Fetcher:
+    return Fetcher(session, gate or AllowAllGate(), TokenBuckets(redis), max_bytes, total_timeout)
 
 
 async def test_image_is_downloaded_with_a_token_and_our_user_agent(server, session) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     fetched = await make_fetcher(session, redis).fetch(str(server.make_url("/image")), SOURCE)
-    assert (fetched.status, fetched.body) == (200, BODY)
+    assert (fetched.status, fetched.body.bytes()) == (200, BODY)
     assert server.app[USER_AGENTS] == [USER_AGENT]
     assert redis.integer(tokens_key(SOURCE)) == 9
     assert redis.integer(source_requests_key(SOURCE)) == 1
@@ -134,12 +136,11 @@ async def test_bodies_over_the_cap_are_abandoned(server, session, path: str) -> 
     assert (info.value.status, info.value.http_status) == ("TooLarge", 200)
 
 
-async def test_timeouts_and_disconnects_have_names(server, session, monkeypatch) -> None:
+async def test_timeouts_and_disconnects_have_names(server, session) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
-    monkeypatch.setattr(fetch_module, "TIMEOUT", aiohttp.ClientTimeout(total=0.3))
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis).fetch(str(server.make_url("/slow")), SOURCE)
+        await make_fetcher(session, redis, total_timeout=0.3).fetch(str(server.make_url("/slow")), SOURCE)
     assert info.value.status == "Timeout"
     with pytest.raises(FetchError) as info:
         await make_fetcher(session, redis).fetch(str(server.make_url("/cut")), SOURCE)
@@ -153,7 +154,7 @@ async def test_error_statuses_are_returned_without_reading_the_body(server, sess
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     fetched = await make_fetcher(session, redis).fetch(str(server.make_url("/missing")), SOURCE)
-    assert (fetched.status, fetched.body) == (404, b"")
+    assert (fetched.status, fetched.body.bytes()) == (404, b"")
 
 
 async def test_gate_refusal_spends_no_token(server, session) -> None:
@@ -309,3 +310,28 @@ async def test_a_redis_that_always_answers_slowly_forfeits_nothing() -> None:
     await redis.set(tokens_key(SOURCE), 10)
     answering_after(redis, [STALE_TOKEN_SECONDS + 0.03] * 5)
     assert await takes(TokenBuckets(redis, rate_of=lambda s: 100.0), 5) == [True] * 5
+
+
+class EverythingIsLoopback:
+    """A resolver under which every name is 127.0.0.1, as a rebinding attacker's would be."""
+
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET,
+                 "proto": 0, "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self):
+        pass
+
+
+async def test_a_name_that_resolves_to_a_private_address_at_connect_time_is_forbidden(server) -> None:
+    """The SSRF guard's second layer: the address connected to is checked, not only the URL."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    client = HttpClient(USER_AGENT, resolver=GuardedResolver(EverythingIsLoopback()))
+    try:
+        with pytest.raises(FetchError) as info:
+            await make_fetcher(client, redis).fetch(f"http://images.example:{server.port}/image", SOURCE)
+    finally:
+        await client.close()
+    assert info.value.status == "ForbiddenAddress"
+    assert server.app[USER_AGENTS] == []

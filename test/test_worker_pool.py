@@ -1,7 +1,8 @@
-"""The pool's shared-memory hand-off: right bytes to the right task, and the socket when it must."""
+"""Bodies in shared memory and the pool that reads them: right bytes to the right task, the socket when it must."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 
@@ -9,96 +10,121 @@ import pytest
 
 import worker.pool as pool_module
 from test.worker_fakes import image_bytes
-from worker.constants import IMAGE_PROCESS_NICENESS
-from worker.pool import ImagePool, Segment, SharedSegments
+from worker import shared_memory
+from worker.constants import IMAGE_PROCESS_NICENESS, SEGMENT_STEP
+from worker.pool import ImagePool
+from worker.shared_memory import Body, Segment, SegmentPool, SegmentUnavailable
 
 TARGET = 64
+SPAN = 5 << 20
+
+
+def in_segment(segments: SegmentPool, data: bytes) -> Body:
+    """``data`` written into a segment the way a download fills one: window by window."""
+    segment = segments.take()
+    offset = 0
+    while offset < len(data):
+        window = segment.window(offset)
+        count = min(len(window), len(data) - offset)
+        window[:count] = data[offset:offset + count]
+        offset += count
+    return Body(len(data), segment, segments)
 
 
 async def test_concurrent_analyses_each_get_their_own_image_back() -> None:
-    """More analyses than segments, of growing sizes (segments are replaced while in use)."""
-    pool = ImagePool(processes=2)
+    """Many bodies in their own segments at once, of growing sizes, then reused for others."""
+    pool, segments = ImagePool(processes=2), SegmentPool(SPAN)
     sizes = [(20 + 37 * i, 10 + 23 * i) for i in range(24)]
+
+    async def analyze(data: bytes):
+        body = in_segment(segments, data)
+        assert body.path is not None
+        try:
+            return await pool.analyze(body, TARGET)
+        finally:
+            body.release()
     try:
-        results = await asyncio.gather(*(pool.analyze(image_bytes("PNG", size), TARGET) for size in sizes))
+        results = await asyncio.gather(*(analyze(image_bytes("PNG", size)) for size in sizes))
         assert [(r.width, r.height) for r in results] == sizes
-        results = await asyncio.gather(*(pool.analyze(image_bytes("JPEG", size), TARGET)
-                                         for size in reversed(sizes)))
+        results = await asyncio.gather(*(analyze(image_bytes("JPEG", size)) for size in reversed(sizes)))
         assert [(r.width, r.height) for r in results] == list(reversed(sizes))
-        assert any(segment is not None for segment in pool._segments._segments)  # they were used
     finally:
         pool.close()
+        segments.close()
 
 
-def in_chunks(data: bytes, size: int) -> list[bytes]:
-    return [data[i:i + size] for i in range(0, len(data), size)]
-
-
-@pytest.mark.parametrize("segment_max", [16 << 20, 100], ids=["segment", "socket"])
-async def test_a_body_in_chunks_is_put_back_together_in_order(monkeypatch, segment_max: int) -> None:
-    """As the fetcher hands it over: the chunks it arrived in, of uneven sizes."""
-    monkeypatch.setattr(pool_module, "SHARED_SEGMENT_MAX", segment_max)
+async def test_a_body_outside_shared_memory_goes_through_the_socket() -> None:
+    """Plain bytes, or a body a server sent gzipped (decoded into bytes)."""
     data = image_bytes("JPEG", (300, 200), quality=77)
     pool = ImagePool(processes=1)
     try:
-        whole = await pool.analyze(data, TARGET)
-        chunked = await pool.analyze(in_chunks(data[:500], 100) + [b""] + in_chunks(data[500:], 333), TARGET)
+        for body in (data, Body.of(data)):
+            result = await pool.analyze(body, TARGET)
+            assert (result.width, result.height, result.compression_quality) == (300, 200, 77)
     finally:
         pool.close()
-    assert (whole.width, whole.height, whole.compression_quality) == (300, 200, 77)
-    assert chunked == whole
-
-
-async def test_a_body_over_the_segment_cap_goes_through_the_socket(monkeypatch) -> None:
-    monkeypatch.setattr(pool_module, "SHARED_SEGMENT_MAX", 100)
-    pool = ImagePool(processes=1)
-    try:
-        result = await pool.analyze(image_bytes("JPEG", (300, 200)), TARGET)
-        assert (result.width, result.height) == (300, 200)
-        assert pool._segments._segments == [None, None]  # never used
-    finally:
-        pool.close()
-
-
-async def test_no_memory_for_a_segment_falls_back_to_the_socket_and_says_so_once(monkeypatch, capsys) -> None:
-    def no_memory(capacity: int) -> Segment:
-        raise OSError(12, "Cannot allocate memory")
-    monkeypatch.setattr(Segment, "create", staticmethod(no_memory))
-    pool = ImagePool(processes=1)
-    try:
-        for size in ((40, 30), (50, 60)):
-            result = await pool.analyze(image_bytes("PNG", size), TARGET)
-            assert (result.width, result.height) == size
-    finally:
-        pool.close()
-    assert capsys.readouterr().out.count("image_segment_unavailable") == 1
 
 
 async def test_a_pool_process_that_cannot_read_segments_turns_them_off(monkeypatch, capsys) -> None:
     """As where /proc hides other processes: the socket carries this image and every later one."""
     monkeypatch.setattr(Segment, "path", property(lambda self: f"/proc/{os.getpid()}/fd/999999"))
-    pool = ImagePool(processes=1)
+    pool, segments = ImagePool(processes=1), SegmentPool(SPAN)
     try:
         for size in ((40, 30), (50, 60), (70, 20)):
-            result = await pool.analyze(image_bytes("PNG", size), TARGET)
+            body = in_segment(segments, image_bytes("PNG", size))
+            result = await pool.analyze(body, TARGET)
+            body.release()
             assert (result.width, result.height) == size
-        assert pool._segments._enabled is False
+        assert pool._shared is False
     finally:
         pool.close()
+        segments.close()
     assert capsys.readouterr().out.count("image_shared_memory_unavailable") == 1
 
 
-def test_segments_are_whole_steps_and_close_their_memory() -> None:
-    segments = SharedSegments(1)
-    segment = segments._fitted(0, 10)
-    assert segment.capacity == pool_module.SHARED_SEGMENT_STEP
-    bigger = segments._fitted(0, pool_module.SHARED_SEGMENT_STEP + 1)
-    assert bigger.capacity == 2 * pool_module.SHARED_SEGMENT_STEP
-    assert segment.memory.closed  # the outgrown one was let go
-    segments.close()
-    assert bigger.memory.closed
+def test_a_segment_is_backed_a_step_at_a_time_as_bytes_arrive() -> None:
+    """A server that announces 50 MB and trickles holds what it sent, not what it announced."""
+    segment = Segment(3 * SEGMENT_STEP + 10)
+    try:
+        assert segment.backed == 0
+        assert len(segment.window(0)) == SEGMENT_STEP and segment.backed == SEGMENT_STEP
+        assert len(segment.window(100)) == SEGMENT_STEP - 100  # no more until the step is full
+        assert len(segment.window(SEGMENT_STEP)) == SEGMENT_STEP
+        assert len(segment.window(3 * SEGMENT_STEP)) == 10  # the last step stops at the span
+        assert len(segment.window(3 * SEGMENT_STEP + 10)) == 0  # full: the caller sees TooLarge
+        assert os.fstat(segment.fd).st_blocks * 512 >= 3 * SEGMENT_STEP  # really reserved
+    finally:
+        segment.close()
+    assert segment.fd is None
+
+
+def test_idle_segments_are_kept_for_reuse_up_to_a_memory_bound(monkeypatch) -> None:
+    monkeypatch.setattr(shared_memory, "IDLE_SEGMENT_BYTES", 2 * SEGMENT_STEP)
+    segments = SegmentPool(SPAN)
+    bodies = [in_segment(segments, b"x" * (SEGMENT_STEP // 2)) for _ in range(3)]
+    fds = [body.segment.fd for body in bodies]
+    for body in bodies:
+        body.release()
+        body.release()  # twice is harmless
+    assert [segment.fd for segment in segments._idle] == fds[:2]
     with pytest.raises(OSError):
-        os.fstat(bigger.fd)
+        os.fstat(fds[2])  # the one over the bound was closed
+    assert segments.take().fd == fds[1]  # reused, pages already backed
+    segments.close()
+    with pytest.raises(OSError):
+        os.fstat(fds[0])
+
+
+def test_no_memory_for_a_body_is_segment_unavailable(monkeypatch) -> None:
+    def no_memory(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", no_memory)
+    segment = Segment(SPAN)
+    try:
+        with pytest.raises(SegmentUnavailable):
+            segment.window(0)
+    finally:
+        segment.close()
 
 
 async def test_an_image_that_kills_its_process_twice_is_an_error_and_the_pool_goes_on(capsys) -> None:

@@ -14,6 +14,7 @@ from test.worker_fakes import (FakeProducer, FakeRedis, FakeThumbnails, exif_jpe
 from worker import task as task_module
 from worker.fetch import Fetched, FetchError
 from worker.imaging import analyze
+from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
 from worker.stats import Stats
 from worker.task import ImageTask
 
@@ -23,21 +24,23 @@ SETTINGS = Settings(target_resolution=64, max_retries=1,
 
 
 class FakeFetcher:
-    def __init__(self, result: Fetched | FetchError, redis_down_for: int = 0):
+    def __init__(self, result: Fetched | FetchError, redis_down_for: int = 0,
+                 outage: type[Exception] = RedisConnectionError):
         self.result = result
         self.redis_down_for = redis_down_for
+        self.outage = outage
 
     async def fetch(self, url: str, source: str) -> Fetched:
         if self.redis_down_for > 0:
             self.redis_down_for -= 1
-            raise RedisConnectionError("tokens unavailable")
+            raise self.outage("tokens unavailable")
         if isinstance(self.result, FetchError):
             raise self.result
         return self.result
 
 
-async def inline_analyze(chunks: list[bytes], target: int):
-    return analyze(b"".join(chunks), target)
+async def inline_analyze(body: Body, target: int):
+    return analyze(body.bytes(), target)
 
 
 def ok(body: bytes, status: int = 200, **headers: str) -> Fetched:
@@ -45,16 +48,17 @@ def ok(body: bytes, status: int = 200, **headers: str) -> Fetched:
     for name, value in headers.items():
         for one in value.split("|"):
             multi.add(name.replace("_", "-"), one)
-    return Fetched("http://example.org/a.jpg", status, multi, (body[:7], body[7:]), token_wait=0.0)
+    return Fetched("http://example.org/a.jpg", status, multi, Body.of(body), token_wait=0.0)
 
 
 class Run:
     def __init__(self, result: Fetched | FetchError, attempts: int = 0, producer: FakeProducer | None = None,
-                 redis_down_for: int = 0):
+                 redis_down_for: int = 0, outage: type[Exception] = RedisConnectionError,
+                 analyze=inline_analyze):
         self.redis = FakeRedis()
         self.producer = producer or FakeProducer()
         self.thumbnails = FakeThumbnails()
-        self.task = ImageTask(FakeFetcher(result, redis_down_for), inline_analyze, self.thumbnails, self.producer,
+        self.task = ImageTask(FakeFetcher(result, redis_down_for, outage), analyze, self.thumbnails, self.producer,
                               Stats(self.redis), SETTINGS)
         self.request = CrawlRequest("http://example.org/a.jpg", "uuid-1", SOURCE, attempts)
 
@@ -173,3 +177,45 @@ async def test_redis_outage_before_the_request_is_waited_out(monkeypatch) -> Non
     monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
     run = await Run(ok(image_bytes("JPEG")), redis_down_for=2)()
     assert set(run.outcomes()) == {METADATA_TOPIC}
+
+
+async def test_no_memory_for_a_body_is_waited_out_not_an_outcome(monkeypatch) -> None:
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
+    run = await Run(ok(image_bytes("JPEG")), redis_down_for=2, outage=SegmentUnavailable)()
+    assert set(run.outcomes()) == {METADATA_TOPIC}
+
+
+def in_a_segment(segments: SegmentPool, data: bytes) -> Fetched:
+    segment = segments.take()
+    segment.window(0)[:len(data)] = data
+    return Fetched("http://example.org/a.jpg", 200, CIMultiDict(), Body(len(data), segment, segments), 0.0)
+
+
+@pytest.mark.parametrize("analysis_fails", [False, True])
+async def test_the_body_goes_back_to_the_pool_once_analysed(monkeypatch, analysis_fails: bool) -> None:
+    """Before the outcome is published (which may wait out an outage), and also when analysis fails."""
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
+    segments = SegmentPool(1 << 20)
+    fetched = in_a_segment(segments, image_bytes("JPEG"))
+
+    async def analyze(body: Body, target: int):
+        assert body.segment is not None and not segments._idle  # still lent while analysed
+        if analysis_fails:
+            raise RuntimeError("image process: boom")
+        return await inline_analyze(body, target)
+    producer = FakeProducer(fail_first=3)
+    run = Run(fetched, producer=producer, analyze=analyze)
+    sent = producer.send
+
+    async def send_after_release(*args, **kwargs):
+        assert fetched.body.segment is None and len(segments._idle) == 1
+        return await sent(*args, **kwargs)
+    producer.send = send_after_release
+    if analysis_fails:
+        with pytest.raises(RuntimeError):
+            await run()
+        assert fetched.body.segment is None and len(segments._idle) == 1
+    else:
+        await run()
+        assert len(run.producer.on(METADATA_TOPIC)) == 1
+    segments.close()

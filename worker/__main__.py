@@ -7,6 +7,7 @@ not finish is re-delivered to the next worker.
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 
 import aiohttp
@@ -19,7 +20,8 @@ from common.settings import Settings, load_settings
 from worker.constants import CONSUMER_EXTRA_CONFIG
 from worker.feed import KafkaFeed
 from worker.fetch import Fetcher
-from worker.politeness.addresses import build_connector
+from worker.http_client import HttpClient
+from worker.politeness.addresses import GuardedResolver, build_connector
 from worker.politeness.gate import build_gate
 from worker.pool import ImagePool
 from worker.scheduler import Scheduler
@@ -36,13 +38,16 @@ async def run(settings: Settings) -> None:
     pool = ImagePool()
     connector = build_connector(settings, limit=settings.max_tasks,
                                 limit_per_host=settings.crawl_per_host_connections)
+    # aiohttp for robots.txt; images through our own client, straight into shared memory.
     session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                     headers={"User-Agent": settings.crawl_user_agent})
+    images = HttpClient(settings.crawl_user_agent,
+                        resolver=None if settings.crawl_allow_private_networks else GuardedResolver())
     try:
         async with s3_thumbnails(settings) as thumbnails:
             rates: dict[str, float] = {}
             tokens = TokenBuckets(redis, rate_of=rates.get)
-            fetcher = Fetcher(session, build_gate(settings, redis, session), tokens, settings.max_image_bytes)
+            fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes)
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
             scheduler = Scheduler(KafkaFeed(consumer), redis, task.process, producer, tokens, rates,
                                   settings.max_tasks, settings.shutdown_timeout)
@@ -54,14 +59,25 @@ async def run(settings: Settings) -> None:
     finally:
         undelivered = await producer.close(settings.shutdown_timeout)
         await consumer.close()
+        await images.close()
         await session.close()
         await redis.aclose()
         pool.close()
         log_event("worker_stopped", undelivered=undelivered)
 
 
+def _raise_open_files_limit() -> None:
+    """Each task in flight holds a socket and a shared-memory segment, and idle keep-alive
+    connections are kept: MAX_TASKS=500 needs more than the usual soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def main() -> None:
     settings = load_settings()
+    _raise_open_files_limit()
     asyncio.run(run(settings))
 
 

@@ -52,13 +52,19 @@ REQUESTS_PER_PROCESS = 2
 # Pool processes run at this nice value: on a busy machine the image work yields
 # the CPU to the event loop, whose timing is what keeps requests evenly spaced.
 IMAGE_PROCESS_NICENESS = 10
-# Downloads reach the pool processes through reusable shared-memory segments,
-# one per request in flight. A segment grows to the largest body it carried,
-# rounded up to SHARED_SEGMENT_STEP; bodies above SHARED_SEGMENT_MAX (rare) go
-# through the process's socket instead, which bounds the shared memory at
-# processes x REQUESTS_PER_PROCESS x max.
-SHARED_SEGMENT_STEP = 1 << 20
-SHARED_SEGMENT_MAX = 16 << 20
+
+# --- Downloads (worker/http_client.py, worker/shared_memory.py) ----------------------
+# A body is received straight into a shared-memory segment, backed a step at a time as
+# bytes arrive. Idle segments are kept for reuse (a fresh one pays a page fault per page)
+# up to this much backed memory in all.
+SEGMENT_STEP = 1 << 20
+IDLE_SEGMENT_BYTES = 128 << 20
+HTTP_SCRATCH_BYTES = 64 << 10      # receive buffer for heads and chunk framing
+HTTP_MAX_HEAD_BYTES = 64 << 10     # a longer response head is refused (BadResponse)
+HTTP_MAX_HEADERS = 128             # and so is one with more header lines
+HTTP_MAX_INTERIM_RESPONSES = 8     # 1xx answers skipped before the real one; more is BadResponse
+HTTP_IDLE_SECONDS = 15.0           # an idle keep-alive connection is dropped after this (aiohttp's default)
+HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts together
 
 # --- Statistics (worker/stats.py) ---------------------------------------------
 # Seconds between trims of a source's status windows (status60s/1hr/12hr): a

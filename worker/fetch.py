@@ -6,8 +6,9 @@ its host slot, and only then takes a token (which counts it in
 ``num_requests:{source}``), so that it is sent the moment its token is
 spent: tokens held while queueing for a busy host would reach the site in
 bursts. Redirects are followed here rather than by aiohttp for exactly that
-reason. The body is streamed and abandoned past the size cap, so a hostile
-server cannot make us hold more than ``max_image_bytes``.
+reason. The body is received into shared memory (``worker.http_client``)
+and abandoned past the size cap, so a hostile server cannot make us hold
+more than ``max_image_bytes``.
 
 Whatever goes wrong comes out as one ``FetchError`` whose ``status`` is the
 name recorded in Redis (``Timeout``, ``TooLarge``, ``RobotsDisallowed``...).
@@ -15,22 +16,21 @@ name recorded in Redis (``Timeout``, ``TooLarge``, ``RobotsDisallowed``...).
 from __future__ import annotations
 
 import asyncio
+import ssl
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urljoin
 
-import aiohttp
 from redis.exceptions import RedisError
 
 from common.contracts import InvalidMessage, validate_url
 from common.jsonlog import log_event
-from worker.constants import (CONNECT_TIMEOUT, MAX_REDIRECTS, READ_TIMEOUT, REDIRECT_STATUSES,
-                              TOTAL_TIMEOUT)
+from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
+from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient
 from worker.politeness import Refused, RequestGate
+from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
-
-TIMEOUT = aiohttp.ClientTimeout(total=TOTAL_TIMEOUT, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -38,18 +38,12 @@ class Fetched:
     url: str                      # after redirects
     status: int
     headers: Mapping[str, str]    # a CIMultiDict: X-Robots-Tag may repeat
-    # Read for 2xx only, kept as the chunks it arrived in: the pool copies them straight
-    # into its shared segment, and joining them first was a second copy of every body.
-    chunks: tuple[bytes, ...]
+    body: Body                    # read for 2xx only; its holder releases it
     token_wait: float             # seconds spent waiting for tokens
 
     @property
     def size(self) -> int:
-        return sum(map(len, self.chunks))
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(self.chunks)
+        return self.body.size
 
 
 class FetchError(Exception):
@@ -61,12 +55,14 @@ class FetchError(Exception):
 
 
 class Fetcher:
-    def __init__(self, session: aiohttp.ClientSession, gate: RequestGate, tokens: TokenBuckets,
-                 max_bytes: int):
-        self._session = session
+    def __init__(self, client: HttpClient, gate: RequestGate, tokens: TokenBuckets, max_bytes: int,
+                 total_timeout: float = TOTAL_TIMEOUT):
+        self._client = client
         self._gate = gate
         self._tokens = tokens
         self._max_bytes = max_bytes
+        self._segments = SegmentPool(max_bytes + 1)  # one byte more shows a body over the cap
+        self._total_timeout = total_timeout
 
     async def fetch(self, url: str, source: str) -> Fetched:
         waited = 0.0
@@ -76,17 +72,17 @@ class Fetcher:
                 hop_wait, slot = await self._slot_and_token(url, source)
                 waited += hop_wait
                 async with slot:
-                    status, headers, chunks = await self._request(url, source)
+                    status, headers, body = await self._request(url, source)
                 location = headers.get("Location") if status in REDIRECT_STATUSES else None
                 if not location:
-                    return Fetched(url, status, headers, chunks, waited)
+                    return Fetched(url, status, headers, body, waited)
                 url = _redirect_target(url, location)
             raise FetchError("TooManyRedirects", status)
         except FetchError as exc:
             exc.token_wait = waited
             raise
-        except (ShuttingDown, SourceHalted, RedisError, asyncio.CancelledError):
-            raise  # not the site's doing: RedisError is our infrastructure, waited out by the task
+        except (ShuttingDown, SourceHalted, RedisError, SegmentUnavailable, asyncio.CancelledError):
+            raise  # not the site's doing: Redis and memory are our infrastructure, waited out by the task
         except Exception as exc:
             raise _classify(exc, waited) from exc
 
@@ -106,24 +102,21 @@ class Fetcher:
                     raise
                 await slot.aclose()  # another worker took the last token: wait for the next
 
-    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], tuple[bytes, ...]]:
-        async with self._session.get(url, allow_redirects=False, timeout=TIMEOUT) as response:
+    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], Body]:
+        async with asyncio.timeout(self._total_timeout), self._client.get(url) as response:
+            body = Body()
             try:
-                chunks = await self._read_capped(response) if 200 <= response.status < 300 else ()
+                if 200 <= response.status < 300:
+                    body = await response.read_body(self._segments, self._max_bytes)
+            except BodyTooLarge:
+                raise FetchError("TooLarge", response.status) from None
             finally:
-                await self._gate.after_response(url, source, response.status, response.headers)
-            return response.status, response.headers, chunks
-
-    async def _read_capped(self, response: aiohttp.ClientResponse) -> tuple[bytes, ...]:
-        if (response.content_length or 0) > self._max_bytes:
-            raise FetchError("TooLarge", response.status)
-        chunks, size = [], 0
-        async for chunk in response.content.iter_any():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > self._max_bytes:
-                raise FetchError("TooLarge", response.status)
-        return tuple(chunks)
+                try:
+                    await self._gate.after_response(url, source, response.status, response.headers)
+                except BaseException:
+                    body.release()
+                    raise
+            return response.status, response.headers, body
 
 
 def _redirect_target(current: str, location: str) -> str:
@@ -134,21 +127,20 @@ def _redirect_target(current: str, location: str) -> str:
 
 
 def _classify(exc: Exception, waited: float) -> FetchError:
-    if isinstance(exc, Refused):
+    if isinstance(exc, Refused):  # the gate's, or the SSRF guard's at connect time
         return FetchError(exc.reason, token_wait=waited)
-    if isinstance(exc, asyncio.TimeoutError):  # includes aiohttp's connect and read timeouts
+    if isinstance(exc, TimeoutError):  # connect, silence or total
         name = "Timeout"
-    elif isinstance(exc, aiohttp.ClientSSLError):
+    elif isinstance(exc, ssl.SSLError):
         name = "SSLError"
-    elif isinstance(exc, aiohttp.ClientConnectorError):
+    elif isinstance(exc, ConnectFailed):
         name = "ConnectionError"
-    elif isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
-                          aiohttp.ClientOSError)):
+    elif isinstance(exc, (Disconnected, ConnectionError)):
         name = "ServerDisconnected"
-    elif isinstance(exc, (aiohttp.InvalidURL, ValueError)):
+    elif isinstance(exc, BadResponse):
+        name = "BadResponse"
+    elif isinstance(exc, ValueError):
         name = "InvalidURL"
-    elif isinstance(exc, aiohttp.ClientError):
-        name = type(exc).__name__
     else:
         log_event("fetch_unexpected_error", error=repr(exc))
         name = type(exc).__name__

@@ -7,15 +7,12 @@ images. ``concurrent.futures``' process pool does the same through a manager
 thread and a feeder thread, whose wake-ups and GIL hand-overs were ~25% of a
 worker's CPU during a crawl of ~1 MP photos (per-thread CPU from /proc).
 
-Bytes go in through reusable anonymous shared-memory segments (``memfd``)
-rather than the socket: pickling a 3.5 MB photo through a pipe cost the event
-loop's process about 4 ms of CPU, a copy into a mapped segment about 0.5 ms
-(``bench.worker_images``). A pool process reads a segment through
-``/proc/{worker}/fd/{fd}``. The segments have no name, so nothing outlives
-the worker, however it dies (named ``/dev/shm`` segments leaked when a whole
-process group was SIGKILLed), and ``/dev/shm``'s size (64 MB in Docker) does
-not apply. Where that is not possible (not Linux, a locked-down ``/proc``),
-the socket carries the body.
+Bodies come in shared memory (``worker.shared_memory``): the download was
+received straight into a segment, and the pool process reads it through
+``/proc/{worker}/fd/{fd}``; only its path crosses the socket. Pickling a
+3.5 MB photo through a pipe cost the event loop's process about 4 ms of CPU.
+Where a segment cannot be read (not Linux, a locked-down ``/proc``), the
+socket carries the body.
 
 A pool process that dies (a decoder crash, the OOM killer) is replaced and
 its images are tried once more in the new one, so one hostile file costs one
@@ -26,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import mmap
 import multiprocessing
 import os
 import pickle
@@ -35,14 +31,12 @@ import socket
 import struct
 import sys
 from collections import deque
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, Callable
 
 from common.jsonlog import log_event
-from worker.constants import (IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS, SHARED_SEGMENT_MAX,
-                              SHARED_SEGMENT_STEP)
+from worker.constants import IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS
 from worker.imaging import Analysis, analyze
+from worker.shared_memory import Body
 
 CRASHED = "ImageWorkerCrashed"
 _PR_SET_PDEATHSIG = 1
@@ -60,22 +54,21 @@ class ImagePool:
     def __init__(self, processes: int | None = None):
         self.processes = processes or default_pool_size()
         self._processes = [PoolProcess.start() for _ in range(self.processes)]
-        # As many segments as requests in flight: each holds one request's body.
         self._slots = asyncio.Semaphore(self.processes * REQUESTS_PER_PROCESS)
-        self._segments = SharedSegments(self.processes * REQUESTS_PER_PROCESS)
+        self._shared = True  # until a pool process cannot open a segment
 
-    async def analyze(self, data: bytes | Sequence[bytes], target_resolution: int) -> Analysis:
-        """``imaging.analyze`` in a pool process; ``data`` is the body or the chunks it arrived in."""
-        chunks = (data,) if isinstance(data, bytes) else data
-        size = sum(map(len, chunks))
-        async with self._segments.holding(chunks, size) as path:
-            if path is not None:
-                try:
-                    return await self._run(size, analyze_shared, path, size, target_resolution)
-                except SegmentUnreadable as exc:
-                    self._segments.disable(exc)
-            # One chunk (or a whole body) is passed on as it is: join copies only several.
-            return await self._run(size, analyze, b"".join(chunks), target_resolution)
+    async def analyze(self, body: Body | bytes, target_resolution: int) -> Analysis:
+        """``imaging.analyze`` in a pool process; a ``Body`` in a segment is read from there."""
+        path = body.path if isinstance(body, Body) else None
+        if path is not None and self._shared:
+            try:
+                return await self._run(body.size, analyze_shared, path, body.size, target_resolution)
+            except SegmentUnreadable as exc:
+                if self._shared:  # once: the socket still works, only slower
+                    log_event("image_shared_memory_unavailable", error=repr(exc)[:300])
+                    self._shared = False
+        data = body.bytes() if isinstance(body, Body) else body
+        return await self._run(len(data), analyze, data, target_resolution)
 
     async def _run(self, size: int, function: Callable[..., Analysis], *args: Any) -> Analysis:
         request = pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
@@ -103,7 +96,6 @@ class ImagePool:
     def close(self) -> None:
         for process in self._processes:
             process.close()
-        self._segments.close()
 
 
 class ProcessDied(Exception):
@@ -224,96 +216,6 @@ class PoolProcess:
         self.process.join(timeout)
         if self.process.is_alive():
             self.kill()
-
-
-@dataclass
-class Segment:
-    fd: int
-    memory: mmap.mmap
-    capacity: int
-
-    @classmethod
-    def create(cls, capacity: int) -> "Segment":
-        fd = os.memfd_create("image-download", os.MFD_CLOEXEC)
-        try:
-            # Reserve the pages now: a write into a mapping the system cannot back kills the
-            # process with SIGBUS; this raises instead.
-            os.posix_fallocate(fd, 0, capacity)
-            return cls(fd, mmap.mmap(fd, capacity), capacity)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    @property
-    def path(self) -> str:
-        return f"/proc/{os.getpid()}/fd/{self.fd}"
-
-    def close(self) -> None:
-        self.memory.close()
-        os.close(self.fd)
-
-
-class SharedSegments:
-    """A fixed number of segments, each lent to one analysis at a time.
-
-    A task whose analysis is cancelled gives its segment back while the pool
-    process may still be reading it; the next writer then spoils only the
-    cancelled task's result, which nobody reads.
-    """
-
-    def __init__(self, count: int):
-        self._segments: list[Segment | None] = [None] * count
-        self._free: asyncio.Queue[int] = asyncio.Queue()
-        for index in range(count):
-            self._free.put_nowait(index)
-        self._enabled = hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd")
-        self._warned = False
-
-    @asynccontextmanager
-    async def holding(self, chunks: Sequence[bytes], size: int) -> AsyncIterator[str | None]:
-        """The path of a segment holding the ``chunks``, one after the other; None when they
-        must go through the socket."""
-        if not self._enabled or size > SHARED_SEGMENT_MAX:
-            yield None
-            return
-        index = await self._free.get()
-        try:
-            segment = self._fitted(index, size)
-            if segment is not None:
-                memory, offset = segment.memory, 0
-                for chunk in chunks:
-                    memory[offset:offset + len(chunk)] = chunk
-                    offset += len(chunk)
-            yield segment.path if segment is not None else None
-        finally:
-            self._free.put_nowait(index)
-
-    def _fitted(self, index: int, size: int) -> Segment | None:
-        segment = self._segments[index]
-        if segment is not None and segment.capacity >= size:
-            return segment
-        self._segments[index] = None
-        if segment is not None:
-            segment.close()
-        capacity = max(SHARED_SEGMENT_STEP, -(-size // SHARED_SEGMENT_STEP) * SHARED_SEGMENT_STEP)
-        try:
-            self._segments[index] = Segment.create(capacity)
-        except OSError as exc:  # no memory for it: this body goes through the socket
-            if not self._warned:
-                log_event("image_segment_unavailable", size=capacity, error=repr(exc)[:300])
-                self._warned = True
-        return self._segments[index]
-
-    def disable(self, exc: Exception) -> None:
-        if self._enabled:  # once: the socket still works, only slower
-            log_event("image_shared_memory_unavailable", error=repr(exc)[:300])
-            self._enabled = False
-
-    def close(self) -> None:
-        for index, segment in enumerate(self._segments):
-            if segment is not None:
-                segment.close()
-                self._segments[index] = None
 
 
 # --- in the pool processes ---------------------------------------------------

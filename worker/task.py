@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -27,12 +27,13 @@ from worker.constants import (INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LI
                               NOT_SENT_STATUSES, RETRYABLE_NAMES)
 from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
+from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.robots import product_token
 from worker.robots_tag import applicable_directives, forbids_thumbnail
 from worker.stats import Stats
 
 T = TypeVar("T")
-Analyze = Callable[[Sequence[bytes], int], Awaitable[Analysis]]  # the body's chunks, target
+Analyze = Callable[[Body, int], Awaitable[Analysis]]  # the body, the thumbnail's target size
 
 
 async def persist(what: str, operation: Callable[[], Awaitable[T]],
@@ -65,8 +66,10 @@ class ImageTask:
         started = time.monotonic()
         token_wait = 0.0
         try:
-            fetched = await persist("redis_for_fetch", lambda: self._fetcher.fetch(request.url, request.source),
-                                    retry_on=(RedisError,))  # tokens and robots.txt live in Redis
+            # Tokens and robots.txt live in Redis; a body needs memory for its segment.
+            fetched = await persist("fetch_infrastructure",
+                                    lambda: self._fetcher.fetch(request.url, request.source),
+                                    retry_on=(RedisError, SegmentUnavailable))
             token_wait = fetched.token_wait
             await self._fetched(request, fetched)
         except FetchError as exc:
@@ -88,7 +91,10 @@ class ImageTask:
         elif not 200 <= status < 300:
             await self._fail(request, str(status), status)
         else:
-            analysis = await self._analyze(fetched.chunks, self._target)
+            try:
+                analysis = await self._analyze(fetched.body, self._target)
+            finally:
+                fetched.body.release()  # not held while the outcome is published (only 2xx have one)
             if analysis.error:
                 await self._fail(request, analysis.error, status)
             else:
