@@ -9,8 +9,9 @@ side by side in one run:
 - bare: decode, thumbnail, encode in a process pool of the pool's size;
 - worker: ``ImageTask.process`` per URL (fetch with tokens and gate, the
   process pool's ``analyze``, thumbnail store, Kafka messages, Redis stats);
-- download: a plain aiohttp GET of the same URLs in the same process, the
-  least CPU any client here pays to receive the bytes (shown for scale).
+- download: plain GETs of the same URLs in the same process, by the worker's
+  client into shared memory, and by aiohttp for comparison: the least CPU a
+  client pays to receive the bytes (shown for scale).
 
 Kafka, Redis and S3 are in-memory stand-ins by default, so "CPU outside the
 image work" (the worker process's own CPU per image; the pool's CPU is not
@@ -32,6 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import AsyncExitStack
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import aiohttp
 from PIL import Image
@@ -43,8 +45,10 @@ from devstack.servers import free_port
 from test.worker_fakes import AllowAllGate, FakeProducer, FakeRedis, FakeThumbnails
 from worker.constants import THUMBNAIL_JPEG_QUALITY, THUMBNAIL_REDUCING_GAP
 from worker.fetch import Fetcher
+from worker.http_client import HttpClient
 from worker.imaging import RESAMPLE
 from worker.pool import ImagePool, default_pool_size
+from worker.shared_memory import SegmentPool
 from worker.stats import Stats
 from worker.task import ImageTask
 from worker.tokens import TokenBuckets
@@ -53,6 +57,7 @@ TARGET = 640
 SOURCE = "bench"
 CONCURRENCY_PER_PROCESS = 4
 ROUNDS = 4
+MAX_BYTES = 50 * 1024 * 1024
 
 
 def sample_photos() -> list[Image.Image]:
@@ -100,6 +105,7 @@ def camera_like(photo: Image.Image, pixels: float) -> Image.Image:
 SERVER = """
 import asyncio, os, sys
 from pathlib import Path
+from typing import Awaitable, Callable
 root = Path(sys.argv[1])
 files = {"/" + p.relative_to(root).as_posix(): open(p, "rb") for p in root.rglob("*") if p.is_file()}
 
@@ -159,7 +165,7 @@ async def run_worker(task: ImageTask, urls: list[str], seconds: float, concurren
     return done, time.perf_counter() - started, time.process_time() - cpu_started
 
 
-async def run_download(session: aiohttp.ClientSession, urls: list[str], seconds: float,
+async def run_download(get: Callable[[str], Awaitable[None]], urls: list[str], seconds: float,
                        concurrency: int) -> tuple[int, float]:
     """(images, process CPU seconds) of bare downloads: the bytes' own cost."""
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -169,12 +175,24 @@ async def run_download(session: aiohttp.ClientSession, urls: list[str], seconds:
         nonlocal done
         while time.perf_counter() - started < seconds:
             done += 1
-            async with session.get(urls[done % len(urls)]) as response:
-                async for _chunk in response.content.iter_any():  # as the worker reads: no join
-                    pass
+            await get(urls[done % len(urls)])
 
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
     return done, time.process_time() - cpu_started
+
+
+def downloads(client: HttpClient, session: aiohttp.ClientSession) -> dict[str, Callable[[str], Awaitable[None]]]:
+    segments = SegmentPool(MAX_BYTES + 1)
+
+    async def ours(url: str) -> None:
+        async with client.get(url) as response:
+            (await response.read_body(segments, MAX_BYTES)).release()
+
+    async def with_aiohttp(url: str) -> None:
+        async with session.get(url) as response:
+            async for _chunk in response.content.iter_any():  # no join: the least aiohttp does
+                pass
+    return {"ours": ours, "aiohttp": with_aiohttp}
 
 
 async def sinks(stack: AsyncExitStack, use_stack: bool):
@@ -239,7 +257,10 @@ async def main_async(args: argparse.Namespace) -> None:
             redis, producer, thumbnails = await sinks(stack, args.stack)
             session = await stack.enter_async_context(aiohttp.ClientSession())
             await _wait_for_server(session, port)
-            fetcher = Fetcher(session, AllowAllGate(), TokenBuckets(redis), 50 * 1024 * 1024)
+            client = HttpClient("bench")
+            stack.push_async_callback(client.close)
+            fetcher = Fetcher(client, AllowAllGate(), TokenBuckets(redis), MAX_BYTES)
+            plain = downloads(client, session)
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis),
                              Settings(target_resolution=TARGET))
             list(executor.map(bare, [(folder / paths["icons"][0]).read_bytes()] * processes))  # warm up
@@ -248,8 +269,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 blobs = [(folder / name).read_bytes() for name in names]
                 urls = [f"http://127.0.0.1:{port}/{name}" for name in names]
                 # Alternating rounds, so a neighbour's load on this shared machine hits both alike.
-                bare_n = bare_s = worker_n = worker_s = worker_cpu = download_n = download_cpu = 0.0
-                server_cpu = 0.0
+                bare_n = bare_s = worker_n = worker_s = worker_cpu = server_cpu = 0.0
+                download = {name: [0, 0.0] for name in plain}  # images, CPU seconds
                 for _round in range(ROUNDS):
                     n, seconds = run_bare(executor, blobs, args.seconds / ROUNDS)
                     bare_n, bare_s = bare_n + n, bare_s + seconds
@@ -258,13 +279,16 @@ async def main_async(args: argparse.Namespace) -> None:
                                                        processes * CONCURRENCY_PER_PROCESS)
                     worker_n, worker_s, worker_cpu = worker_n + n, worker_s + seconds, worker_cpu + cpu
                     server_cpu += proc_cpu([server.pid]) - server_started
-                    n, cpu = await run_download(session, urls, args.seconds / ROUNDS / 4,
-                                                processes * CONCURRENCY_PER_PROCESS)
-                    download_n, download_cpu = download_n + n, download_cpu + cpu
+                    for name, get in plain.items():
+                        n, cpu = await run_download(get, urls, args.seconds / ROUNDS / 8,
+                                                    processes * CONCURRENCY_PER_PROCESS)
+                        download[name][0] += n
+                        download[name][1] += cpu
                 bare_rate, rate = bare_n / bare_s, worker_n / worker_s
                 mean_kb = sum(map(len, blobs)) / len(blobs) / 1024
                 rows.append((corpus, mean_kb, bare_rate, rate, rate / bare_rate, worker_cpu * 1000 / worker_n,
-                             download_cpu * 1000 / download_n, server_cpu * 1000 / worker_n, int(worker_n)))
+                             *(cpu * 1000 / n for n, cpu in download.values()),
+                             server_cpu * 1000 / worker_n, int(worker_n)))
     finally:
         pool.close()
         executor.shutdown()
@@ -273,10 +297,10 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\npool processes: {processes}; sinks: {'local stack (real clients)' if args.stack else 'in-memory'}; "
           f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'corpus':<8}{'mean KB':>9}{'bare img/s':>12}{'worker img/s':>14}{'ratio':>8}"
-          f"{'worker CPU ms/img':>19}{'of it download':>16}{'site CPU ms/img':>17}{'images':>8}")
-    for corpus, kb, bare_rate, rate, ratio, cpu_ms, download_ms, server_ms, done in rows:
+          f"{'worker CPU ms/img':>19}{'download: ours':>16}{'aiohttp':>9}{'site CPU ms/img':>17}{'images':>8}")
+    for corpus, kb, bare_rate, rate, ratio, cpu_ms, ours_ms, aiohttp_ms, server_ms, done in rows:
         print(f"{corpus:<8}{kb:>9.0f}{bare_rate:>12.1f}{rate:>14.1f}{ratio:>8.0%}{cpu_ms:>19.2f}"
-              f"{download_ms:>16.2f}{server_ms:>17.2f}{done:>8}")
+              f"{ours_ms:>16.2f}{aiohttp_ms:>9.2f}{server_ms:>17.2f}{done:>8}")
 
 
 async def _wait_for_server(session: aiohttp.ClientSession, port: int) -> None:
