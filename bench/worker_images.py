@@ -10,8 +10,9 @@ side by side in one run:
 - worker: ``ImageTask.process`` per URL (fetch with tokens and gate, the
   process pool's ``analyze``, thumbnail store, Kafka messages, Redis stats);
 - download: plain GETs of the same URLs in the same process, by the worker's
-  client into shared memory, and by aiohttp for comparison: the least CPU a
-  client pays to receive the bytes (shown for scale).
+  client into shared memory, and by aiohttp for comparison; and by curl (C,
+  to /dev/null, one keep-alive connection): the least CPU a client pays to
+  receive the bytes on this machine, kernel included (shown for scale).
 
 Kafka, Redis and S3 are in-memory stand-ins by default, so "CPU outside the
 image work" (the worker process's own CPU per image; the pool's CPU is not
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -195,6 +197,22 @@ def downloads(client: HttpClient, session: aiohttp.ClientSession) -> dict[str, C
     return {"ours": ours, "aiohttp": with_aiohttp}
 
 
+def curl_download(urls: list[str], count: int) -> tuple[int, float]:
+    """(images, CPU seconds, user + kernel) of curl fetching ``count`` of ``urls`` to /dev/null
+    over one keep-alive connection; (count, nan) without curl."""
+    if shutil.which("curl") is None:
+        return count, float("nan")
+    args = ["curl", "--silent", "--fail"]
+    for i in range(count):
+        args += [urls[i % len(urls)], "--output", "/dev/null"]
+    process = subprocess.Popen(args)
+    _pid, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, for its rusage
+    if process.returncode != 0:
+        raise RuntimeError(f"curl failed with exit code {process.returncode}")
+    return count, usage.ru_utime + usage.ru_stime
+
+
 async def sinks(stack: AsyncExitStack, use_stack: bool):
     """(redis, producer, thumbnails): in-memory, or the real clients on a local stack."""
     if not use_stack:
@@ -270,7 +288,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 urls = [f"http://127.0.0.1:{port}/{name}" for name in names]
                 # Alternating rounds, so a neighbour's load on this shared machine hits both alike.
                 bare_n = bare_s = worker_n = worker_s = worker_cpu = server_cpu = 0.0
-                download = {name: [0, 0.0] for name in plain}  # images, CPU seconds
+                download = {name: [0, 0.0] for name in (*plain, "curl")}  # images, CPU seconds
                 for _round in range(ROUNDS):
                     n, seconds = run_bare(executor, blobs, args.seconds / ROUNDS)
                     bare_n, bare_s = bare_n + n, bare_s + seconds
@@ -284,6 +302,9 @@ async def main_async(args: argparse.Namespace) -> None:
                                                     processes * CONCURRENCY_PER_PROCESS)
                         download[name][0] += n
                         download[name][1] += cpu
+                    n, cpu = curl_download(urls, max(8, int(download["ours"][0] / (_round + 1))))
+                    download["curl"][0] += n
+                    download["curl"][1] += cpu
                 bare_rate, rate = bare_n / bare_s, worker_n / worker_s
                 mean_kb = sum(map(len, blobs)) / len(blobs) / 1024
                 rows.append((corpus, mean_kb, bare_rate, rate, rate / bare_rate, worker_cpu * 1000 / worker_n,
@@ -297,10 +318,11 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\npool processes: {processes}; sinks: {'local stack (real clients)' if args.stack else 'in-memory'}; "
           f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'corpus':<8}{'mean KB':>9}{'bare img/s':>12}{'worker img/s':>14}{'ratio':>8}"
-          f"{'worker CPU ms/img':>19}{'download: ours':>16}{'aiohttp':>9}{'site CPU ms/img':>17}{'images':>8}")
-    for corpus, kb, bare_rate, rate, ratio, cpu_ms, ours_ms, aiohttp_ms, server_ms, done in rows:
+          f"{'worker CPU ms/img':>19}{'download: ours':>16}{'aiohttp':>9}{'curl':>6}{'site CPU ms/img':>17}"
+          f"{'images':>8}")
+    for corpus, kb, bare_rate, rate, ratio, cpu_ms, ours_ms, aiohttp_ms, curl_ms, server_ms, done in rows:
         print(f"{corpus:<8}{kb:>9.0f}{bare_rate:>12.1f}{rate:>14.1f}{ratio:>8.0%}{cpu_ms:>19.2f}"
-              f"{ours_ms:>16.2f}{aiohttp_ms:>9.2f}{server_ms:>17.2f}{done:>8}")
+              f"{ours_ms:>16.2f}{aiohttp_ms:>9.2f}{curl_ms:>6.2f}{server_ms:>17.2f}{done:>8}")
 
 
 async def _wait_for_server(session: aiohttp.ClientSession, port: int) -> None:
