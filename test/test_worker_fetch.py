@@ -335,3 +335,21 @@ async def test_a_name_that_resolves_to_a_private_address_at_connect_time_is_forb
         await client.close()
     assert info.value.status == "ForbiddenAddress"
     assert server.app[USER_AGENTS] == []
+
+
+class NoSuchName(EverythingIsLoopback):
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+async def test_a_name_that_does_not_resolve_is_a_connection_error() -> None:
+    """A dead domain: retried like a refused connection, not logged as a crawler bug."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    client = HttpClient(USER_AGENT, resolver=NoSuchName())
+    try:
+        with pytest.raises(FetchError) as info:
+            await make_fetcher(client, redis).fetch("http://gone.example/a.jpg", SOURCE)
+    finally:
+        await client.close()
+    assert info.value.status == "ConnectionError"

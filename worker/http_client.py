@@ -388,8 +388,12 @@ class HttpClient:
     async def _connect(self, scheme: str, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._timeouts.connect):
+            try:
+                addresses = await self._addresses(host, port)
+            except OSError as exc:  # the name does not resolve: a dead domain
+                raise ConnectFailed(f"cannot resolve {host}: {exc}") from None
             errors = []
-            for address, family in await self._addresses(host, port):
+            for address, family in addresses:
                 try:
                     _transport, connection = await loop.create_connection(
                         lambda: _Connection(loop, self._timeouts.read), address, port, family=family,
