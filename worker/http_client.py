@@ -228,24 +228,23 @@ class Response:
 
     async def read_body(self, segments: SegmentPool, max_bytes: int) -> Body:
         """The whole body, in a segment from ``segments``; BodyTooLarge past ``max_bytes``."""
-        length = None if self.status in _NO_BODY_STATUSES else self.content_length
-        chunked = _is_chunked(self.headers)
+        if self.status in _NO_BODY_STATUSES:
+            self._complete = True
+            return Body()
+        length, chunked = self.content_length, _is_chunked(self.headers)
         if length is not None and length > max_bytes and not chunked:
             raise BodyTooLarge(length)
-        segment = segments.take()
-        body = Body(0, segment, segments)
+        body = Body(0, segments.take(), segments)
         try:
-            if self.status in _NO_BODY_STATUSES:
-                size = 0
-            elif chunked:
-                size = await self._read_chunked(segment, max_bytes)
+            if chunked:
+                body.size = await self._read_chunked(body.segment, max_bytes)
             elif length is not None:
-                size = await self._read_exactly(segment, 0, length)
+                body.size = await self._read_exactly(body.segment, 0, length)
             else:
-                size = await self._read_to_close(segment, max_bytes)
-            body.size = size
-            self._complete = not (chunked and length is not None) and (chunked or length is not None
-                                                                        or self.status in _NO_BODY_STATUSES)
+                body.size = await self._read_to_close(body.segment, max_bytes)
+            # The connection may carry another request only if the framing said where the
+            # body ends, and said it once (both a length and chunked smell of smuggling).
+            self._complete = chunked != (length is not None)
             return _decoded(body, self.headers, max_bytes)
         except BaseException:
             body.release()
