@@ -175,3 +175,18 @@ async def test_answers_bigger_than_one_read_or_several_in_one_read_each_arrive_w
         assert [len(answer) for answer in answers] == sizes
     finally:
         pool.close()
+
+
+async def test_without_memfd_a_body_is_anonymous_memory_sent_through_the_socket(monkeypatch) -> None:
+    """As on macOS, a developer's box: the same bodies, no path for the pool to open."""
+    monkeypatch.delattr(os, "memfd_create")
+    pool, segments = ImagePool(processes=1), SegmentPool(SPAN)
+    try:
+        body = in_segment(segments, image_bytes("JPEG", (120, 90)))
+        assert body.path is None and body.segment.fd is None
+        result = await pool.analyze(body, TARGET)
+        body.release()
+        assert (result.width, result.height) == (120, 90)
+    finally:
+        pool.close()
+        segments.close()
