@@ -80,97 +80,97 @@ async def server():
 
 
 @pytest.fixture
-async def session():
+async def http():
     client = HttpClient(USER_AGENT)
     yield client
     await client.close()
 
 
-def make_fetcher(session, redis, gate=None, max_bytes: int = 50_000, total_timeout: float = 90.0) -> Fetcher:
-    return Fetcher(session, gate or AllowAllGate(), TokenBuckets(redis), max_bytes, total_timeout)
+def make_fetcher(http, redis, gate=None, max_bytes: int = 50_000, total_timeout: float = 90.0) -> Fetcher:
+    return Fetcher(http, gate or AllowAllGate(), TokenBuckets(redis), max_bytes, total_timeout)
 
 
-async def test_image_is_downloaded_with_a_token_and_our_user_agent(server, session) -> None:
+async def test_image_is_downloaded_with_a_token_and_our_user_agent(server, http) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
-    fetched = await make_fetcher(session, redis).fetch(str(server.make_url("/image")), SOURCE)
+    fetched = await make_fetcher(http, redis).fetch(str(server.make_url("/image")), SOURCE)
     assert (fetched.status, fetched.body.bytes()) == (200, BODY)
     assert server.app[USER_AGENTS] == [USER_AGENT]
     assert redis.integer(tokens_key(SOURCE)) == 9
     assert redis.integer(source_requests_key(SOURCE)) == 1
 
 
-async def test_each_redirect_hop_asks_the_gate_and_takes_a_token(server, session) -> None:
+async def test_each_redirect_hop_asks_the_gate_and_takes_a_token(server, http) -> None:
     redis, gate = FakeRedis(), AllowAllGate()
     await redis.set(tokens_key(SOURCE), 10)
-    fetched = await make_fetcher(session, redis, gate).fetch(str(server.make_url("/hop/2")), SOURCE)
+    fetched = await make_fetcher(http, redis, gate).fetch(str(server.make_url("/hop/2")), SOURCE)
     assert fetched.status == 200 and fetched.url.endswith("/image")
     assert redis.integer(tokens_key(SOURCE)) == 6 and redis.integer(source_requests_key(SOURCE)) == 4
     kinds = [kind for kind, _url in gate.calls]
     assert kinds == ["before_request", "host_slot", "after_response"] * 4
 
 
-async def test_more_than_five_redirects_is_an_error(server, session) -> None:
+async def test_more_than_five_redirects_is_an_error(server, http) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 100)
-    assert (await make_fetcher(session, redis).fetch(str(server.make_url("/hop/4")), SOURCE)).status == 200
+    assert (await make_fetcher(http, redis).fetch(str(server.make_url("/hop/4")), SOURCE)).status == 200
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis).fetch(str(server.make_url("/hop/5")), SOURCE)
+        await make_fetcher(http, redis).fetch(str(server.make_url("/hop/5")), SOURCE)
     assert (info.value.status, info.value.http_status) == ("TooManyRedirects", 302)
 
 
-async def test_redirect_to_another_scheme_is_refused(server, session) -> None:
+async def test_redirect_to_another_scheme_is_refused(server, http) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis).fetch(str(server.make_url("/evil-redirect")), SOURCE)
+        await make_fetcher(http, redis).fetch(str(server.make_url("/evil-redirect")), SOURCE)
     assert info.value.status == "BadRedirect"
 
 
 @pytest.mark.parametrize("path", ["/huge", "/declared-huge"])
-async def test_bodies_over_the_cap_are_abandoned(server, session, path: str) -> None:
+async def test_bodies_over_the_cap_are_abandoned(server, http, path: str) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis, max_bytes=15_000).fetch(str(server.make_url(path)), SOURCE)
+        await make_fetcher(http, redis, max_bytes=15_000).fetch(str(server.make_url(path)), SOURCE)
     assert (info.value.status, info.value.http_status) == ("TooLarge", 200)
 
 
-async def test_timeouts_and_disconnects_have_names(server, session) -> None:
+async def test_timeouts_and_disconnects_have_names(server, http) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis, total_timeout=0.3).fetch(str(server.make_url("/slow")), SOURCE)
+        await make_fetcher(http, redis, total_timeout=0.3).fetch(str(server.make_url("/slow")), SOURCE)
     assert info.value.status == "Timeout"
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis).fetch(str(server.make_url("/cut")), SOURCE)
+        await make_fetcher(http, redis).fetch(str(server.make_url("/cut")), SOURCE)
     assert info.value.status == "ServerDisconnected"
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis).fetch("http://127.0.0.1:1/nothing-listens", SOURCE)
+        await make_fetcher(http, redis).fetch("http://127.0.0.1:1/nothing-listens", SOURCE)
     assert info.value.status == "ConnectionError"
 
 
-async def test_error_statuses_are_returned_without_reading_the_body(server, session) -> None:
+async def test_error_statuses_are_returned_without_reading_the_body(server, http) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
-    fetched = await make_fetcher(session, redis).fetch(str(server.make_url("/missing")), SOURCE)
+    fetched = await make_fetcher(http, redis).fetch(str(server.make_url("/missing")), SOURCE)
     assert (fetched.status, fetched.body.bytes()) == (404, b"")
 
 
-async def test_gate_refusal_spends_no_token(server, session) -> None:
+async def test_gate_refusal_spends_no_token(server, http) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     url = str(server.make_url("/image"))
     with pytest.raises(FetchError) as info:
-        await make_fetcher(session, redis, AllowAllGate({url: "RobotsDisallowed"})).fetch(url, SOURCE)
+        await make_fetcher(http, redis, AllowAllGate({url: "RobotsDisallowed"})).fetch(url, SOURCE)
     assert info.value.status == "RobotsDisallowed"
     assert redis.integer(tokens_key(SOURCE)) == 10 and redis.integer(source_requests_key(SOURCE)) == 0
 
 
-async def test_no_token_no_request_and_waiters_do_not_busy_loop(server, session) -> None:
+async def test_no_token_no_request_and_waiters_do_not_busy_loop(server, http) -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 0)
-    fetcher = make_fetcher(session, redis)
+    fetcher = make_fetcher(http, redis)
     url = str(server.make_url("/image"))
     waiters = [asyncio.create_task(fetcher.fetch(url, SOURCE)) for _ in range(100)]
     await asyncio.sleep(1.0)
@@ -195,7 +195,7 @@ async def test_closing_the_buckets_releases_waiters_with_shutting_down() -> None
         await waiter
 
 
-async def test_the_token_is_spent_inside_the_host_slot_right_before_sending(server, session) -> None:
+async def test_the_token_is_spent_inside_the_host_slot_right_before_sending(server, http) -> None:
     """A token taken before queueing for a busy host would be sent later, in a burst with others."""
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 5)
@@ -210,7 +210,7 @@ async def test_the_token_is_spent_inside_the_host_slot_right_before_sending(serv
         async def after_response(self, url, source, status, headers) -> None:
             seen.append(("response", redis.integer(tokens_key(SOURCE))))
 
-    await make_fetcher(session, redis, RecordingGate()).fetch(str(server.make_url("/image")), SOURCE)
+    await make_fetcher(http, redis, RecordingGate()).fetch(str(server.make_url("/image")), SOURCE)
     assert seen == [("slot entered", 5), ("response", 4)]
 
 
