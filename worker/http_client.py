@@ -39,6 +39,7 @@ from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_
                               HTTP_MAX_HEADERS, HTTP_MAX_IDLE_CONNECTIONS,
                               HTTP_MAX_INTERIM_RESPONSES, HTTP_SCRATCH_BYTES,
                               READ_TIMEOUT)
+from worker.politeness.addresses import system_resolve
 from worker.shared_memory import Body, SegmentPool
 
 
@@ -392,10 +393,10 @@ class HttpClient:
             except OSError as exc:  # the name does not resolve: a dead domain
                 raise ConnectFailed(f"cannot resolve {host}: {exc}") from None
             errors = []
-            for address, family in addresses:
+            for address in addresses:
                 try:
                     _transport, connection = await loop.create_connection(
-                        lambda: _Connection(loop, self._timeouts.read), address, port, family=family,
+                        lambda: _Connection(loop, self._timeouts.read), address, port,
                         ssl=self._ssl if scheme == "https" else None,
                         server_hostname=host if scheme == "https" else None)
                     return connection
@@ -405,18 +406,17 @@ class HttpClient:
                     errors.append(f"{address}: {exc}")
         raise ConnectFailed(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")
 
-    async def _addresses(self, host: str, port: int) -> list[tuple[str, int]]:
+    async def _addresses(self, host: str, port: int) -> list[str]:
         bare = host.strip("[]")
         try:
-            ip = ipaddress.ip_address(bare)
-            return [(bare, socket.AF_INET6 if ip.version == 6 else socket.AF_INET)]
+            ipaddress.ip_address(bare)
+            return [bare]  # a literal cannot rebind: the gate checked it before the request
         except ValueError:
             pass
-        if self._resolver is not None:  # may raise Refused: a forbidden address
-            results = await self._resolver.resolve(host, port, family=socket.AF_UNSPEC)
-            return [(result["host"], result["family"]) for result in results]
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return [(info[4][0], info[0]) for info in infos]
+        if self._resolver is None:
+            return await system_resolve(host, port)
+        # May raise Refused: the name resolves only to forbidden addresses.
+        return [result["host"] for result in await self._resolver.resolve(host, port, family=socket.AF_UNSPEC)]
 
     async def close(self) -> None:
         self._closed = True
