@@ -4,18 +4,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.abc import AbstractResolver
 
 from common.contracts import retry_after_key
 from common.settings import Settings
 from test.sites import TEST_USER_AGENT, Page, Site, fetch_politely
+from test.worker_fakes import LoopbackResolver
 from worker.politeness.addresses import system_resolve
 from worker.politeness.gate import build_gate
 
@@ -110,17 +109,6 @@ async def test_429_with_retry_after_pauses_the_source(redis_client, redis_url, s
         assert await fetch_politely(gate, session, site.url + "/down", "paused") == 503
         assert int(await redis_client.get(retry_after_key("paused"))) == until
         assert 0 < await redis_client.ttl(retry_after_key("paused")) <= 5 + 61
-
-
-class LoopbackResolver(AbstractResolver):
-    """Connects every hostname to 127.0.0.1, so a 'public' test host needs no network."""
-
-    async def resolve(self, host, port=0, family=socket.AF_INET):
-        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET,
-                 "proto": 0, "flags": socket.AI_NUMERICHOST}]
-
-    async def close(self):
-        pass
 
 
 async def test_redirect_to_internal_address_is_refused_per_hop(redis_client, redis_url):

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from common.contracts import source_requests_key, tokens_key
-from test.worker_fakes import AllowAllGate, FakeRedis
+from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetch import FetchError, Fetcher
 from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver
@@ -312,22 +312,11 @@ async def test_a_redis_that_always_answers_slowly_forfeits_nothing() -> None:
     assert await takes(TokenBuckets(redis, rate_of=lambda s: 100.0), 5) == [True] * 5
 
 
-class EverythingIsLoopback:
-    """A resolver under which every name is 127.0.0.1, as a rebinding attacker's would be."""
-
-    async def resolve(self, host, port=0, family=socket.AF_INET):
-        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET,
-                 "proto": 0, "flags": socket.AI_NUMERICHOST}]
-
-    async def close(self):
-        pass
-
-
 async def test_a_name_that_resolves_to_a_private_address_at_connect_time_is_forbidden(server) -> None:
     """The SSRF guard's second layer: the address connected to is checked, not only the URL."""
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
-    client = HttpClient(USER_AGENT, resolver=GuardedResolver(EverythingIsLoopback()))
+    client = HttpClient(USER_AGENT, resolver=GuardedResolver(LoopbackResolver()))
     try:
         with pytest.raises(FetchError) as info:
             await make_fetcher(client, redis).fetch(f"http://images.example:{server.port}/image", SOURCE)
@@ -337,7 +326,7 @@ async def test_a_name_that_resolves_to_a_private_address_at_connect_time_is_forb
     assert server.app[USER_AGENTS] == []
 
 
-class NoSuchName(EverythingIsLoopback):
+class NoSuchName(LoopbackResolver):
     async def resolve(self, host, port=0, family=socket.AF_INET):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 import struct
 import time
 import zlib
 from contextlib import asynccontextmanager
 from typing import Any
 
+from aiohttp.abc import AbstractResolver
 from PIL import Image, TiffImagePlugin
 
 from worker.feed import Batch, Record
@@ -247,3 +249,15 @@ def exif_jpeg() -> bytes:
     exif[0x8825] = {1: "N", 2: (TiffImagePlugin.IFDRational(40, 1), TiffImagePlugin.IFDRational(30, 1),
                                 TiffImagePlugin.IFDRational(15, 2))}
     return image_bytes("JPEG", (16, 16), exif=exif)
+
+
+class LoopbackResolver(AbstractResolver):
+    """Connects every hostname to 127.0.0.1, so a 'public' test host needs no network (and a
+    name that rebinds to loopback can be played)."""
+
+    async def resolve(self, host, port=0, family=socket.AF_INET):
+        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET,
+                 "proto": 0, "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self):
+        pass
