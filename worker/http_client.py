@@ -142,6 +142,7 @@ class _Connection(asyncio.BufferedProtocol):
         """Until more bytes, the end, or ``read_timeout`` seconds of silence."""
         if self.transport is not None and not self.eof and not self.transport.is_reading():
             self.transport.resume_reading()
+        self._last_data = self._loop.time()  # silence counts from now, or from the last bytes
         self._waiter = self._loop.create_future()
         self._timer = self._loop.call_later(self._read_timeout, self._check_silence)
         try:
@@ -181,7 +182,6 @@ class _Connection(asyncio.BufferedProtocol):
             if self.eof:
                 raise self._ended()
             start = max(0, len(self._pending) - len(delimiter) + 1)
-            self._last_data = self._loop.time()
             await self._wait()
         raise BadResponse(f"no {delimiter!r} within {limit} bytes")
 
@@ -194,7 +194,6 @@ class _Connection(asyncio.BufferedProtocol):
         if taken == len(target) or self.eof:
             return taken
         self._target, self._filled = target, taken
-        self._last_data = self._loop.time()
         try:
             while self._target is not None and not self.eof:
                 await self._wait()
@@ -216,7 +215,6 @@ class _Connection(asyncio.BufferedProtocol):
 
 @dataclass
 class Response:
-    url: str
     version: int  # the minor version: 0 or 1
     status: int
     headers: CIMultiDictProxy[str]
@@ -341,7 +339,7 @@ class HttpClient:
             except BaseException:
                 connection.close()
                 raise
-        response = Response(url, version, status, headers, connection)
+        response = Response(version, status, headers, connection)
         try:
             yield response
         finally:
