@@ -107,7 +107,6 @@ def camera_like(photo: Image.Image, pixels: float) -> Image.Image:
 SERVER = """
 import asyncio, os, sys
 from pathlib import Path
-from typing import Awaitable, Callable
 root = Path(sys.argv[1])
 files = {"/" + p.relative_to(root).as_posix(): open(p, "rb") for p in root.rglob("*") if p.is_file()}
 
