@@ -221,8 +221,7 @@ async def sinks(stack: AsyncExitStack, use_stack: bool):
     from devstack.stack import LocalStack
     from worker.thumbnails import s3_thumbnails
     addresses = stack.enter_context(LocalStack())
-    settings = Settings(**{k.lower(): v for k, v in addresses.environment().items()
-                           if k.lower() in Settings.__dataclass_fields__})
+    settings = Settings.from_env(addresses.environment())
     redis = aioredis.from_url(addresses.redis_url, decode_responses=True)
     stack.push_async_callback(redis.aclose)
     await redis.set(tokens_key(SOURCE), 10**12)  # no regulator here: every request may go

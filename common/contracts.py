@@ -156,6 +156,7 @@ EVENT_REDIS_VALUE_IGNORED = "redis_value_ignored"
 EVENT_MESSAGES_REJECTED = "messages_rejected"
 EVENT_TSV_BAD_ROW = "tsv_bad_row"
 EVENT_TSV_PRODUCED = "tsv_produced"
+EVENT_KAFKA_CLIENT_ERROR = "kafka_client_error"  # librdkafka's own errors and warnings
 
 
 def utc_now_iso() -> str:

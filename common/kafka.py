@@ -9,6 +9,7 @@ and a full local queue is waited out instead of dropping the message.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,15 +18,66 @@ from typing import Any, Callable, Iterable, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from common.contracts import EVENT_KAFKA_CLIENT_ERROR
+from common.jsonlog import log_event
+
 T = TypeVar("T")
 
 # tansu (and small clusters) make the default 45 s session a 20 s+ group join.
 SESSION_TIMEOUT_MS = 6000
+CLIENT_LOG_INTERVAL = 10.0  # seconds between two kafka_client_error events of one kind
+
+
+class ClientLog(logging.Handler):
+    """librdkafka's own log lines and errors as ``kafka_client_error`` JSON events.
+
+    Without it librdkafka writes plain text to stderr, every 50 ms while a broker is
+    unreachable: an operator tailing the JSON log gets a flood. Here each kind (the
+    librdkafka facility, or the error's name) is logged at most once per interval, with
+    the count of lines it stood for. Lines below WARNING (librdkafka's notices) are dropped.
+    """
+
+    def __init__(self, interval: float = CLIENT_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic):
+        super().__init__(logging.WARNING)
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._guard = threading.Lock()  # librdkafka calls back from each client's own thread
+        self.logger = logging.Logger("librdkafka")
+        self.logger.addHandler(self)
+
+    def error_cb(self, error: KafkaError) -> None:
+        self.report(error.name(), error.str())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # confluent-kafka calls logger.log(level, "%s [%s] %s", facility, client name, message)
+        facility, client, message = (record.args + ("", "", ""))[:3] if isinstance(record.args, tuple) \
+            else ("log", "", record.getMessage())
+        self.report(str(facility), str(message), client=str(client))
+
+    def report(self, kind: str, reason: str, **fields: str) -> None:
+        now = self._clock()
+        with self._guard:
+            if now - self._last.get(kind, -self._interval) < self._interval:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+                return
+            self._last[kind] = now
+            suppressed = self._suppressed.pop(kind, 0)
+        log_event(EVENT_KAFKA_CLIENT_ERROR, kind=kind, reason=reason[:500], suppressed=suppressed, **fields)
+
+
+CLIENT_LOG = ClientLog()  # one per process: the interval holds across all its clients
+
+
+def client_config(hosts: str) -> dict[str, Any]:
+    """What every client gets: the brokers, and its log and errors through ours."""
+    return {"bootstrap.servers": hosts, "logger": CLIENT_LOG.logger, "error_cb": CLIENT_LOG.error_cb}
 
 
 def producer_config(hosts: str, **extra: Any) -> dict[str, Any]:
     return {
-        "bootstrap.servers": hosts,
+        **client_config(hosts),
         "acks": "all",
         "linger.ms": 5,
         "message.timeout.ms": 120_000,
@@ -36,7 +88,7 @@ def producer_config(hosts: str, **extra: Any) -> dict[str, Any]:
 
 def consumer_config(hosts: str, group: str, **extra: Any) -> dict[str, Any]:
     return {
-        "bootstrap.servers": hosts,
+        **client_config(hosts),
         "group.id": group,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
@@ -139,11 +191,24 @@ class AsyncConsumer:
         if offsets:
             await self.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
 
-    async def close(self) -> None:
+    async def close(self, leave_group: bool = True) -> None:
+        """Leave the group (its partitions move to the others at once), or, with
+        ``leave_group=False``, destroy the client without a LeaveGroup so the broker
+        evicts the member after ``session.timeout.ms``. tansu 0.6 needs the latter: a
+        LeaveGroup from the leader while the group re-forms leaves it waiting for a
+        leader that is gone, and every later member hangs (README, "Restarts")."""
         try:
-            await self.call(lambda c: c.close())
+            if leave_group:
+                await self.call(lambda c: c.close())
+            else:
+                await self.call(self._destroy_without_leaving)
         finally:
             self._executor.shutdown(wait=True)
+
+    def _destroy_without_leaving(self, consumer: Consumer) -> None:
+        # confluent-kafka's dealloc destroys the handle with RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE:
+        # no LeaveGroup, no commit (the scheduler has committed what finished).
+        del self._consumer, consumer
 
 
 def ensure_topics(hosts: str, topics: Iterable[str], partitions: int, timeout: float = 15.0) -> None:
@@ -151,7 +216,7 @@ def ensure_topics(hosts: str, topics: Iterable[str], partitions: int, timeout: f
     names = list(topics)
     if not names:
         return
-    admin = AdminClient({"bootstrap.servers": hosts})
+    admin = AdminClient(client_config(hosts))
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names],
         operation_timeout=timeout, request_timeout=timeout,
@@ -166,5 +231,5 @@ def ensure_topics(hosts: str, topics: Iterable[str], partitions: int, timeout: f
 
 def list_topics(hosts: str, timeout: float = 10.0) -> dict[str, int]:
     """Topic name -> partition count."""
-    metadata = AdminClient({"bootstrap.servers": hosts}).list_topics(timeout=timeout)
+    metadata = AdminClient(client_config(hosts)).list_topics(timeout=timeout)
     return {name: len(topic.partitions) for name, topic in metadata.topics.items()}

@@ -44,6 +44,7 @@ class Settings:
     crawl_per_host_connections: int = 8
     monitor_port: int = 8090
     shutdown_timeout: float = 30.0
+    kafka_leave_group: bool = True
 
     def __post_init__(self) -> None:
         # Half a key pair is a mistake, not a request for some other identity: botocore's
@@ -87,6 +88,7 @@ class Settings:
                 "CRAWL_PER_HOST_CONNECTIONS", _int_in(1, 1000), d.crawl_per_host_connections),
             monitor_port=get("MONITOR_PORT", _int_in(0, 65535), d.monitor_port),
             shutdown_timeout=get("SHUTDOWN_TIMEOUT", _float_in(0, 3600), d.shutdown_timeout),
+            kafka_leave_group=get("KAFKA_LEAVE_GROUP", _bool, d.kafka_leave_group),
         )
 
     def s3_client_kwargs(self) -> dict[str, str]:

@@ -1,4 +1,8 @@
-"""``python -m devstack``: run the local stack until Ctrl-C or SIGTERM."""
+"""``python -m devstack``: run the local stack until Ctrl-C or SIGTERM.
+
+Data lives in ``.devstack/``: Kafka's topics, messages and offsets in the stack's S3,
+so restarting the broker (or the whole stack) keeps them; Redis starts empty.
+"""
 from __future__ import annotations
 
 import signal
@@ -14,7 +18,7 @@ def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     data_dir = Path(".devstack")
-    with LocalStack(data_dir) as addresses:
+    with LocalStack(data_dir, durable=True) as addresses:
         log_event("devstack_ready", data_dir=str(data_dir.resolve()), **addresses.environment())
         stop.wait()
         log_event("devstack_stopping")

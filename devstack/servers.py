@@ -51,6 +51,7 @@ class Server:
     log_path: Path
     ready: Callable[[], bool]
     stop_grace: float = 10.0
+    env: dict[str, str] | None = None  # added to this process's environment
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -59,6 +60,7 @@ class Server:
         try:
             self.process = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env} if self.env else None,
                 preexec_fn=_die_with_parent, close_fds=True,
             )
         finally:
@@ -122,7 +124,10 @@ def _tcp_open(port: int) -> bool:
         return True
 
 
-def kafka_server(data_dir: Path, port: int | None = None) -> tuple[Server, str]:
+def kafka_server(data_dir: Path, port: int | None = None, s3_endpoint: str | None = None) -> tuple[Server, str]:
+    """tansu in memory (fast, what the tests and benchmarks use), or, given ``s3_endpoint``,
+    keeping topics, messages and committed offsets in that store's ``tansu`` bucket, so a
+    broker restart loses nothing (``make stack``)."""
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
     hosts = f"127.0.0.1:{port}"
@@ -132,9 +137,17 @@ def kafka_server(data_dir: Path, port: int | None = None) -> tuple[Server, str]:
         AdminClient({"bootstrap.servers": hosts}).list_topics(timeout=2)
         return True
 
+    env = None
+    if s3_endpoint:
+        create_bucket(s3_endpoint, TANSU_BUCKET)
+        env = {"AWS_ENDPOINT": s3_endpoint, "AWS_ALLOW_HTTP": "true",
+               "AWS_ACCESS_KEY_ID": DEV_CREDENTIALS["aws_access_key_id"],
+               "AWS_SECRET_ACCESS_KEY": DEV_CREDENTIALS["aws_secret_access_key"],
+               "AWS_DEFAULT_REGION": DEV_CREDENTIALS["region_name"], "AWS_REGION": DEV_CREDENTIALS["region_name"]}
+    storage = f"s3://{TANSU_BUCKET}/" if s3_endpoint else "memory://tansu/"
     argv = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/"]
-    return Server("kafka (tansu)", argv, data_dir / "tansu.log", ready), hosts
+            "--storage-engine", storage]
+    return Server("kafka (tansu)", argv, data_dir / "tansu.log", ready, env=env), hosts
 
 
 def redis_server(data_dir: Path, port: int | None = None) -> tuple[Server, str]:
@@ -181,6 +194,10 @@ def s3_server(data_dir: Path, port: int | None = None, bucket: str | None = None
     return Server("s3 (seaweedfs)", argv, data_dir / "seaweedfs.log", ready, stop_grace=2.0), endpoint
 
 
+# Workers on tansu 0.6 stop without a LeaveGroup (common.kafka.AsyncConsumer.close says why).
+TANSU_WORKER_ENV = {"KAFKA_LEAVE_GROUP": "false"}
+
+TANSU_BUCKET = "tansu"
 DEV_CREDENTIALS = {"aws_access_key_id": "devstack", "aws_secret_access_key": "devstack",
                    "region_name": "us-east-1"}
 

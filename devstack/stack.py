@@ -5,7 +5,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack.servers import DEV_CREDENTIALS, Server, kafka_server, redis_server, s3_server
+from devstack.servers import DEV_CREDENTIALS, TANSU_WORKER_ENV, Server, kafka_server, redis_server, s3_server
 
 
 @dataclass(frozen=True)
@@ -25,26 +25,37 @@ class StackAddresses:
             "AWS_ACCESS_KEY_ID": DEV_CREDENTIALS["aws_access_key_id"],
             "AWS_SECRET_ACCESS_KEY": DEV_CREDENTIALS["aws_secret_access_key"],
             "AWS_DEFAULT_REGION": DEV_CREDENTIALS["region_name"],
+            **TANSU_WORKER_ENV,
         }
 
 
 class LocalStack:
-    """Kafka, Redis and S3 on free (or given) ports, data under one folder."""
+    """Kafka, Redis and S3 on free ports, data under one folder.
 
-    def __init__(self, data_dir: Path | None = None, bucket: str = "cc-image-analysis"):
+    ``durable`` keeps Kafka's data in the stack's own S3 (``make stack``: a broker restart
+    loses nothing); without it the broker keeps everything in memory, which the demo and
+    the benchmarks prefer: each run starts empty, and a produce is not an S3 write.
+    """
+
+    def __init__(self, data_dir: Path | None = None, bucket: str = "cc-image-analysis", durable: bool = False):
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="devstack-"))
         self.bucket = bucket
+        self.durable = durable
         self.servers: list[Server] = []
         self.addresses: StackAddresses | None = None
 
     def start(self) -> StackAddresses:
-        kafka, kafka_hosts = kafka_server(self.data_dir)
-        redis, redis_url = redis_server(self.data_dir)
         s3, s3_endpoint = s3_server(self.data_dir, bucket=self.bucket)
+        redis, redis_url = redis_server(self.data_dir)
         try:
-            for server in (kafka, redis, s3):
+            for server in (s3, redis):
                 self.servers.append(server)
                 server.start()
+            if self.durable:
+                s3.wait_ready()  # the broker's storage must answer before the broker starts
+            kafka, kafka_hosts = kafka_server(self.data_dir, s3_endpoint=s3_endpoint if self.durable else None)
+            self.servers.append(kafka)
+            kafka.start()
             for server in self.servers:
                 server.wait_ready()
         except BaseException:

@@ -22,8 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devstack.servers import (DEV_CREDENTIALS, Server, create_bucket, kafka_server,  # noqa: E402
-                              redis_server, s3_server)
+from devstack.servers import (DEV_CREDENTIALS, TANSU_WORKER_ENV, Server, create_bucket,  # noqa: E402
+                              kafka_server, redis_server, s3_server)
 
 BUCKET = "cc-image-analysis"
 
@@ -117,6 +117,7 @@ def unique() -> str:
 def stack_env(redis_url: str, kafka_hosts: str, s3_endpoint: str) -> dict[str, str]:
     """Environment for a monitor or worker subprocess on the test servers."""
     return {
+        **TANSU_WORKER_ENV,  # an external Kafka's setting, if given, wins
         **os.environ,
         "REDIS_URL": redis_url,
         "KAFKA_HOSTS": kafka_hosts,

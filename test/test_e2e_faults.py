@@ -1,7 +1,8 @@
-"""Issue 6: the system under faults, on the real stack with real subprocesses.
+"""The system under faults, on the real stack with real subprocesses.
 
-A worker SIGKILLed mid-crawl, Redis restarted mid-crawl, the monitor stopped
-and restarted, and a flood of hostile inbound messages. The crawls here use
+A worker SIGKILLed mid-crawl, Redis, the broker and S3 restarted mid-crawl,
+the monitor stopped and restarted, every worker stopped together and one
+started, and a flood of hostile inbound messages. The crawls here use
 well-behaved sites (no random 500s or 429s) so every URL has one right
 outcome, and are sized to last ~20-30 s.
 """
@@ -21,7 +22,9 @@ from common.contracts import (INBOUND_TOPIC, MAX_REJECTED_RAW_BYTES, REJECTED_TO
                               source_topic)
 from common.kafka import consumer_config, producer_config
 from demo.crawl import crawl
-from devstack.servers import free_port, redis_server
+from demo.outcomes import QUALITY
+from devstack.servers import DEV_CREDENTIALS, free_port, kafka_server, redis_server, s3_server
+from test.conftest import BUCKET
 from test.simweb import DISALLOW_PRIVATE, Behaviour, SimWeb, standard_web, write_tsv
 from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a Kafka per crawl
 from test.test_e2e_crawl import assert_outcomes, assert_polite, fail_if_dead, outcome_report
@@ -105,6 +108,113 @@ def test_monitor_stopped_requests_stop_then_resume(crawl_env, tmp_path: Path, un
         assert requests_between(web, restarted, restarted + 30), f"{name}: no requests after the restart"
     assert_outcomes(outcomes, plan)
     assert_polite(web, WORKERS)
+
+
+BROKER_DOWN = 3.0
+S3_DOWN = 10.0
+
+
+def test_broker_restart_mid_crawl_loses_nothing(crawl_env, s3_endpoint: str, tmp_path: Path, unique: str) -> None:
+    """The durable broker of ``make stack`` (tansu on the stack's S3), restarted on its port:
+    topics, queued URLs and committed offsets survive, and every process rides it out."""
+    broker, hosts = kafka_server(tmp_path / "kafka-durable", port=free_port(), s3_endpoint=s3_endpoint)
+    broker.start()
+    try:
+        broker.wait_ready()
+        web, plan = fault_web(f"brk{unique[:6]}s", tmp_path)
+        with crawl(web, plan, {**crawl_env, "KAFKA_HOSTS": hosts}, tmp_path, WORKERS) as (cluster, outcomes):
+            assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(plan) // 3), \
+                outcome_report(outcomes, plan)
+            broker.stop()
+            time.sleep(BROKER_DOWN)
+            broker.start()
+            broker.wait_ready()
+            assert outcomes.wait(TIMEOUT, fail_if_dead(cluster)), outcome_report(outcomes, plan)
+            assert not cluster.died(), [c.name for c in cluster.died()]
+    finally:
+        broker.stop()
+    print(f"\n[broker] duplicates after the restart: {outcomes.duplicates()}")
+    assert_outcomes(outcomes, plan)
+    assert_polite(web, WORKERS)
+
+
+def test_s3_outage_mid_crawl_thumbnails_wait(crawl_env, tmp_path: Path, unique: str) -> None:
+    """S3 down for 10 s: thumbnails wait (infra_retry), no URL ends in error for it, and
+    every success has its thumbnail in the bucket afterwards."""
+    store, endpoint = s3_server(tmp_path / "s3", port=free_port(), bucket=BUCKET)
+    store.start()
+    try:
+        store.wait_ready()
+        web, plan = fault_web(f"s3o{unique[:6]}s", tmp_path)
+        with crawl(web, plan, {**crawl_env, "S3_ENDPOINT_URL": endpoint}, tmp_path, WORKERS) as (cluster, outcomes):
+            assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(plan) // 3), \
+                outcome_report(outcomes, plan)
+            store.stop()
+            time.sleep(S3_DOWN)
+            store.start()
+            store.wait_ready()
+            assert outcomes.wait(TIMEOUT, fail_if_dead(cluster)), outcome_report(outcomes, plan)
+            assert not cluster.died(), [c.name for c in cluster.died()]
+        assert_outcomes(outcomes, plan)
+        successes = {u for u, kinds in outcomes.kinds.items() if QUALITY in kinds}
+        stored = thumbnail_keys(endpoint)
+        missing = {f"{u}.jpg" for u in successes} - stored
+        assert successes and not missing, f"{len(missing)} of {len(successes)} successes have no thumbnail"
+    finally:
+        store.stop()
+    assert_polite(web, WORKERS)
+
+
+def thumbnail_keys(endpoint: str) -> set[str]:
+    import botocore.session
+    client = botocore.session.get_session().create_client("s3", endpoint_url=endpoint, **DEV_CREDENTIALS)
+    keys: set[str] = set()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        keys |= {item["Key"] for item in page.get("Contents", [])}
+    return keys
+
+
+RESTART_ROUNDS = 5
+RESTART_REQUEST_WITHIN = 15.0  # seconds from a lone worker's start to its first request
+RESTART_WORKERS = 3
+
+
+def first_request_after(web: SimWeb, since: float, within: float, outcomes) -> float | None:
+    """Seconds from ``since`` to the first request any site saw after it; None past ``within``."""
+    deadline = since + within
+    while time.time() < deadline:
+        outcomes.poll(0.2)
+        later = [r.time for r in web.all_requests() if r.time > since]
+        if later:
+            return min(later) - since
+    return None
+
+
+def test_all_workers_stopped_together_then_one_started(crawl_env, tmp_path: Path, unique: str) -> None:
+    """A deploy or a Ctrl-C stops every worker at once (SIGTERM); the next worker must crawl.
+
+    On tansu a LeaveGroup from the group's leader while the group re-forms strands every
+    later member, so the local stack's workers leave no group (KAFKA_LEAVE_GROUP=false)."""
+    web, plan = fault_web(f"rst{unique[:6]}s", tmp_path, urls_per_source=300)
+    waits = []
+    with crawl(web, plan, crawl_env, tmp_path, RESTART_WORKERS) as (cluster, outcomes):
+        for _round in range(RESTART_ROUNDS):
+            assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(outcomes.kinds) + 30), \
+                outcome_report(outcomes, plan)
+            workers = [c for c in cluster.children if c.name.startswith("worker") and c.alive()]
+            codes = cluster.stop_children(workers)
+            assert all(code == 0 for code in codes.values()), f"a worker did not stop cleanly: {codes}"
+            started = time.time()
+            cluster.start_worker()
+            waits.append(first_request_after(web, started, RESTART_REQUEST_WITHIN, outcomes))
+            assert waits[-1] is not None, \
+                f"round {len(waits)}: the restarted worker made no request in {RESTART_REQUEST_WITHIN} s " \
+                f"(waits so far {waits}); see {tmp_path}"
+        outcomes.wait(TIMEOUT, fail_if_dead(cluster))
+    print(f"\n[restart] seconds from a lone worker's start to its first request: "
+          f"{[round(w, 1) for w in waits]}; duplicates {outcomes.duplicates()}")
+    assert_outcomes(outcomes, plan)
+    assert_polite(web, RESTART_WORKERS)
 
 
 # --- Hostile input ---------------------------------------------------------------------

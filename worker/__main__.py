@@ -58,7 +58,7 @@ async def run(settings: Settings) -> None:
             await scheduler.run()
     finally:
         undelivered = await producer.close(settings.shutdown_timeout)
-        await consumer.close()
+        await consumer.close(leave_group=settings.kafka_leave_group)
         await images.close()
         await session.close()
         await redis.aclose()
