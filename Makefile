@@ -4,8 +4,11 @@ PYTHON ?= python3
 PIPENV := PIPENV_VENV_IN_PROJECT=1 PIPENV_YES=1 PIPENV_NOSPIN=1 PIPENV_QUIET=1 $(PYTHON) -m pipenv
 VENV_PY := .venv/bin/python
 PIPENV_VERSION := 2026.10.3
+# checkov pins its own boto3/botocore, which aiobotocore's pin excludes: it gets a venv of its own.
+CHECKOV_VERSION := 3.3.30
+CHECKOV := .venv-checkov/bin/checkov
 
-.PHONY: demo test install stack clean
+.PHONY: demo test lint install stack clean
 
 .venv/installed: Pipfile
 	$(PYTHON) -m pipenv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "pipenv==$(PIPENV_VERSION)"
@@ -20,7 +23,15 @@ demo: install
 stack: install
 	$(VENV_PY) -m devstack
 
-test: install
+$(CHECKOV):
+	$(PYTHON) -m venv .venv-checkov
+	.venv-checkov/bin/pip install --quiet "checkov==$(CHECKOV_VERSION)"
+
+# Terraform checked offline (--skip-download: no call to the vendor's API).
+lint: install $(CHECKOV)
+	$(CHECKOV) -d deploy/terraform --framework terraform --skip-download --quiet --compact
+
+test: lint
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 	  echo "installing chromium and chromium-driver (apt-get) for the dashboard's browser test"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
@@ -29,4 +40,4 @@ test: install
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf .venv .devstack out
+	rm -rf .venv .venv-checkov .devstack out

@@ -12,6 +12,11 @@ locals {
   ami_id        = coalesce(var.ami_id, data.aws_ssm_parameter.al2023.value)
   registry_host = split("/", var.image_registry)[0]
   is_ecr        = can(regex("\\.dkr\\.ecr\\.", local.registry_host))
+  # ACCOUNT.dkr.ecr.REGION.amazonaws.com[/prefix]: the two repositories, for a policy scoped to them
+  ecr_repository_arns = local.is_ecr ? [for role in ["monitor", "worker"] : format(
+    "arn:aws:ecr:%s:%s:repository/%simage-crawler-%s", split(".", local.registry_host)[3],
+    split(".", local.registry_host)[0], trimprefix("${trimprefix(var.image_registry, local.registry_host)}/", "/"), role
+  )] : []
   log_group     = "/${var.name}"
 
   # Settings (SPEC section 5) as environment variables. AWS credentials are
@@ -73,10 +78,21 @@ data "aws_iam_policy_document" "crawler" {
     actions   = ["s3:PutObject"]
     resources = ["arn:aws:s3:::${var.s3_bucket}/*"]
   }
-  statement {
-    sid       = "PullImages"
-    actions   = ["ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
-    resources = ["*"]
+  dynamic "statement" {
+    for_each = local.is_ecr ? [1] : []
+    content {
+      sid       = "EcrLogin"
+      actions   = ["ecr:GetAuthorizationToken"] # an account-wide call: IAM knows no resource for it
+      resources = ["*"]
+    }
+  }
+  dynamic "statement" {
+    for_each = local.is_ecr ? [1] : []
+    content {
+      sid       = "PullImages"
+      actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
+      resources = local.ecr_repository_arns
+    }
   }
   statement {
     sid       = "ShipLogs"
@@ -114,7 +130,47 @@ resource "aws_iam_instance_profile" "crawler" {
 resource "aws_cloudwatch_log_group" "crawler" {
   name              = local.log_group
   retention_in_days = var.log_retention_days
+  kms_key_id        = aws_kms_key.logs.arn
   tags              = var.tags
+}
+
+# The logs carry URLs and hosts of every crawl: encrypted with a key of our own.
+data "aws_caller_identity" "current" {}
+
+data "aws_iam_policy_document" "logs_key" {
+  #checkov:skip=CKV_AWS_111:a key policy: its resource "*" is this one key
+  #checkov:skip=CKV_AWS_356:a key policy: its resource "*" is this one key
+  #checkov:skip=CKV_AWS_109:a key policy: its resource "*" is this one key, administered by the account as AWS's default policy does
+  statement {
+    sid       = "AccountAdministers"
+    actions   = ["kms:*"]
+    resources = ["*"] # in a key policy, "*" means this key
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:aws:iam::${data.aws_caller_identity.current.account_id}:root"]
+    }
+  }
+  statement {
+    sid       = "CloudWatchLogsUseIt"
+    actions   = ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"]
+    resources = ["*"]
+    principals {
+      type        = "Service"
+      identifiers = ["logs.${data.aws_region.current.name}.amazonaws.com"]
+    }
+    condition {
+      test     = "ArnLike"
+      variable = "kms:EncryptionContext:aws:logs:arn"
+      values   = ["arn:aws:logs:${data.aws_region.current.name}:${data.aws_caller_identity.current.account_id}:log-group:${local.log_group}"]
+    }
+  }
+}
+
+resource "aws_kms_key" "logs" {
+  description         = "${var.name}: CloudWatch logs"
+  enable_key_rotation = true
+  policy              = data.aws_iam_policy_document.logs_key.json
+  tags                = var.tags
 }
 
 # --- Network: nothing open to the world -----------------------------------
@@ -135,6 +191,7 @@ resource "aws_security_group" "monitor" {
     }
   }
 
+  #checkov:skip=CKV_AWS_382:by design: SOURCES_URL, Redis, Kafka and the AWS APIs may be anywhere, on any port
   egress {
     description = "Redis, Kafka, SOURCES_URL, the registry and AWS APIs"
     from_port   = 0
@@ -150,6 +207,7 @@ resource "aws_security_group" "worker" {
   vpc_id      = var.vpc_id
   tags        = var.tags
 
+  #checkov:skip=CKV_AWS_382:by design: a crawler fetches images from any website, on any port a URL names
   egress {
     description = "The images' websites anywhere, Redis, Kafka, S3, the registry"
     from_port   = 0
@@ -169,6 +227,8 @@ resource "aws_instance" "monitor" {
   iam_instance_profile        = aws_iam_instance_profile.crawler.name
   user_data                   = local.user_data["monitor"]
   user_data_replace_on_change = true
+  ebs_optimized               = true
+  monitoring                  = true # 1-minute CloudWatch metrics: a stalled instance shows within minutes
 
   metadata_options {
     http_tokens                 = "required"
@@ -190,6 +250,8 @@ resource "aws_instance" "worker" {
   iam_instance_profile        = aws_iam_instance_profile.crawler.name
   user_data                   = local.user_data["worker"]
   user_data_replace_on_change = true
+  ebs_optimized               = true
+  monitoring                  = true
 
   metadata_options {
     http_tokens                 = "required"

@@ -119,9 +119,9 @@ variable "extra_environment" {
 }
 
 variable "log_retention_days" {
-  description = "Days CloudWatch keeps the containers' JSON logs."
+  description = "Days CloudWatch keeps the containers' JSON logs: a year, to compare a source's behaviour across crawls."
   type        = number
-  default     = 30
+  default     = 365
 }
 
 variable "tags" {
