@@ -1,8 +1,8 @@
-"""The names other systems depend on (SPEC.md sections 1, 2 and 4), in one place.
+"""The names other systems depend on (SPEC.md §1, §2 and §4), in one place.
 
 Operators type these Redis keys into ``redis-cli`` and downstream consumers
 subscribe to these topics, so each name is written here once and imported
-everywhere else; renaming one is a breaking change to the SPEC.
+everywhere else; renaming one is a breaking change to SPEC.md.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-# --- Kafka topics (SPEC 1) -------------------------------------------------
+# --- Kafka topics (SPEC.md §1) -------------------------------------------------
 INBOUND_TOPIC = "inbound_images"
 SOURCE_TOPIC_PREFIX = "urls."
 METADATA_TOPIC = "image_metadata_updates"
@@ -35,7 +35,7 @@ def source_of_topic(topic: str) -> str:
     return topic[len(SOURCE_TOPIC_PREFIX):]
 
 
-# --- Redis keys (SPEC 2) -------------------------------------------------
+# --- Redis keys (SPEC.md §2) -------------------------------------------------
 INBOUND_SOURCES = "inbound_sources"
 NUM_SPLIT = "num_split"
 HALTED = "halted"
@@ -79,7 +79,7 @@ def errors_key(source: str, status: str | None = None) -> str:
     return f"{RESIZE_ERRORS}:{source}" if status is None else f"{RESIZE_ERRORS}:{source}:{status}"
 
 
-# Keys beyond the SPEC's table, owned by this project (politeness state).
+# Keys beyond the original's table (SPEC.md §2), owned by this project (politeness state).
 def retry_after_key(source: str) -> str:
     """Unix time until which a source gets no tokens (a 429/503 Retry-After)."""
     return f"retry_after:{source}"
@@ -129,22 +129,22 @@ def is_expected_status(status: str) -> bool:
     return status in EXPECTED_STATUSES or (status.isdigit() and 300 <= int(status) < 400)
 
 
-# --- Log events (SPEC 4) -------------------------------------------------
+# --- Log events (SPEC.md §4) -------------------------------------------------
 EVENT_MONITORING_UPDATE = "monitoring_update"
 EVENT_CRAWL_HALTED = "crawl_halted"
 EVENT_CRAWL_RESUMED = "crawl_resumed"
 EVENT_SOURCE_UNKNOWN = "source_unknown"
 EVENT_RETRY_AFTER = "source_paused_retry_after"
-# Worker-side politeness events (issue 5).
+# Worker-side politeness events.
 EVENT_RETRY_AFTER_RECEIVED = "retry_after_received"
 EVENT_ROBOTS_FETCHED = "robots_fetched"
 # crawl_errors reasons for URLs the politeness gate refuses (worker.politeness.Refused).
 REASON_ROBOTS_DISALLOWED = "RobotsDisallowed"
 REASON_FORBIDDEN_ADDRESS = "ForbiddenAddress"
-# The monitor's HTTP server (issue 7).
+# The monitor's HTTP server.
 EVENT_HTTP_API_STARTED = "http_api_started"
 EVENT_HTTP_API_ERROR = "http_api_error"
-# The monitor's own diagnostics and the TSV producer (issue 3).
+# The monitor's own diagnostics and the TSV producer.
 EVENT_MONITOR_STARTED = "monitor_started"
 EVENT_MONITOR_STOPPED = "monitor_stopped"
 EVENT_MONITOR_COMPONENT_ERROR = "monitor_component_error"
@@ -163,7 +163,7 @@ def utc_now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-# --- Inbound message validation (SPEC 1, issue 3) -------------------------
+# --- Inbound message validation (SPEC.md §1) -------------------------------
 MAX_URL_LENGTH = 2048
 MAX_REJECTED_RAW_BYTES = 4096
 _SOURCE_RE = re.compile(r"^[a-z0-9_.-]+$")
@@ -249,7 +249,7 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
     return CrawlRequest(url=url, uuid=uuid, source=source, attempts=attempts)
 
 
-# --- Outbound message shapes (SPEC 1) -------------------------------------
+# --- Outbound message shapes (SPEC.md §1) -------------------------------------
 def rejected_message(topic: str, raw: bytes | None, error: str) -> bytes:
     text = (raw or b"")[:MAX_REJECTED_RAW_BYTES].decode("utf-8", errors="replace")
     return json.dumps({"topic": topic, "raw": text, "error": error, "time": utc_now_iso()}).encode()

@@ -1,4 +1,4 @@
-"""Settings from the environment (SPEC 5), parsed once at start.
+"""Settings from the environment (SPEC.md §5), parsed once at start.
 
 A bad value stops the process before it touches anything, with one line
 naming the setting: an operator reading a crash-looping container's log

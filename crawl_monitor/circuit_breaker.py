@@ -1,4 +1,4 @@
-"""The error circuit breaker (SPEC 3): stop crawling a source that its errors say we are hurting.
+"""The error circuit breaker (SPEC.md §3): stop crawling a source that its errors say we are hurting.
 
 Workers record every request's status; this reads those records once a second.
 A surge (over 10% errors in the last minute) pauses the source until the

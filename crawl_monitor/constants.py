@@ -5,7 +5,7 @@ module holds only the numbers.
 """
 from __future__ import annotations
 
-# --- Computed rate (SPEC 3): linear between two (images, req/s) points, clamped.
+# --- Computed rate (SPEC.md §3): linear between two (images, req/s) points, clamped.
 SMALL_SOURCE_IMAGES = 5_000
 SMALL_SOURCE_RATE = 1.0
 LARGE_SOURCE_IMAGES = 500_000_000
@@ -25,13 +25,13 @@ RATE_LIMIT_TTL_SECONDS = 10
 MAX_RETRY_AFTER_SECONDS = 60 * 60   # a Retry-After further away than this is capped
 UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60
 
-# --- Circuit breaker (SPEC 3).
+# --- Circuit breaker (SPEC.md §3).
 BREAKER_CHECK_SECONDS = 1.0
 TEMP_HALT_ERROR_RATIO = 0.10        # strictly more than this halts
 TEMP_HALT_MIN_SAMPLES = 10          # fewer requests in the minute say too little to judge
 TEMP_HALT_WINDOW_SECONDS = 60
 
-# --- Monitoring log (SPEC 4).
+# --- Monitoring log (SPEC.md §4).
 MONITORING_INTERVAL_SECONDS = 5.0
 
 # --- One active monitor (crawl_monitor.lease): a standby takes over this long after a crash.

@@ -1,6 +1,6 @@
 """Operator commands for a running crawl: ``python -m crawl_monitor.ctl --help``.
 
-The SPEC's ``redis-cli`` procedure still works; this does the same in one
+SPEC.md §2's ``redis-cli`` procedure still works; this does the same in one
 step and checks its input first, because Redis accepts anything: a typo in
 ``set override_rate:flikr 5`` or a rate of ``5/s`` silently does nothing
 while the real source keeps crawling.
@@ -109,7 +109,7 @@ async def run(args: argparse.Namespace, redis: aioredis.Redis) -> str:
         # Empty the bucket too, so workers stop now rather than spend this second's tokens.
         await redis.pipeline().sadd(HALTED, source).set(tokens_key(source), 0).execute()
         return f"{source}: halted; nothing is fetched until `python -m crawl_monitor.ctl resume {source}`"
-    # resume: the SPEC's procedure (del statuslast50req, srem halted) plus the temporary halt.
+    # resume: SPEC.md §2's procedure (del statuslast50req, srem halted) plus the temporary halt.
     _, was_halted, was_paused = await (redis.pipeline().delete(last_50_key(source))
                                        .srem(HALTED, source).srem(TEMP_HALTED, source).execute())
     if not (was_halted or was_paused):

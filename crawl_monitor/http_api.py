@@ -19,7 +19,7 @@ sample_every=5.0) -> aiohttp.web.AppRunner``. ``settings_or_port`` is a
 free port: read it from ``runner.addresses[0][1]``). ``redis`` is a
 ``redis.asyncio`` client, with or without ``decode_responses``.
 ``latest_update`` takes no argument and returns the latest
-``monitoring_update`` dict (SPEC 4) or None before the first one.
+``monitoring_update`` dict (SPEC.md §4) or None before the first one.
 
 Endpoints:
 

@@ -1,4 +1,4 @@
-"""The ``monitoring_update`` log line (SPEC 4): the crawl's state every 5 seconds.
+"""The ``monitoring_update`` log line (SPEC.md §4): the crawl's state every 5 seconds.
 
 Totals are read from the counters workers and the splitter keep in Redis;
 rates are the change of those totals over the interval since the last line.
@@ -67,7 +67,7 @@ class MonitoringLog:
             "processing_rate": round(rate(contracts.NUM_RESIZED) + rate(contracts.RESIZE_ERRORS), 3),
             "success_rps": rate(contracts.NUM_RESIZED),
             "circuit_breaker_tripped": sorted(set(halted) | set(temp_halted)),
-            # These two fields are named after the counters they report (SPEC 4).
+            # These two fields are named after the counters they report (SPEC.md §4).
             contracts.NUM_RESIZED: totals[contracts.NUM_RESIZED],
             contracts.RESIZE_ERRORS: totals[contracts.RESIZE_ERRORS],
             "split_rate": rate(contracts.NUM_SPLIT),

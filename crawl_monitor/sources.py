@@ -1,4 +1,4 @@
-"""Source sizes from SOURCES_URL, and the request rate each size earns (SPEC 3).
+"""Source sizes from SOURCES_URL, and the request rate each size earns (SPEC.md §3).
 
 A big site has the infrastructure for a heavy crawl; a small one does not, so
 the rate grows linearly with the number of images between two fixed points.

@@ -1,6 +1,6 @@
 """Which terminal outcome each scheduled uuid got, read from the output topics.
 
-SPEC 1: every inbound URL ends in exactly one of a quality message (an
+SPEC.md §1: every inbound URL ends in exactly one of a quality message (an
 ``image_metadata_updates`` message with ``width``), ``link_rot`` or
 ``crawl_errors``. At-least-once delivery may repeat an outcome, so outcomes
 are counted per uuid and kind: a repeat is a duplicate, two kinds a conflict.

@@ -68,7 +68,7 @@ class SourceRow:
 
 def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: str) -> list[SourceRow]:
     """Per source: outcomes, and its achieved rate (mean over its busy span, and the busiest
-    one-second window) against the limit the monitor granted (or the SPEC's, if unset)."""
+    one-second window) against the limit the monitor granted (or SPEC.md §3's computed rate, if unset)."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     rows = []
     for name, site in web.sites.items():

@@ -50,7 +50,7 @@ DISALLOW_PRIVATE = "User-agent: *\nDisallow: /private/\n"
 CLOCK_SLACK = 0.1  # arrival jitter (s) allowed on Crawl-delay spacing
 
 
-# --- The SPEC's computed rate (SPEC 3), written independently of the monitor as the oracle.
+# --- The SPEC's computed rate (SPEC.md §3), written independently of the monitor as the oracle.
 RATE_POINTS = ((5_000, 1.0), (500_000_000, 200.0))
 
 

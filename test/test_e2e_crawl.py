@@ -1,4 +1,4 @@
-"""Issue 6: the whole system on the real stack, judged from the outside.
+"""The whole system on the real stack, judged from the outside.
 
 2,000 URLs over 20 simulated sources (limits from 1 to 200 req/s, 500s, 429s,
 robots.txt rules, a Crawl-delay, dead links, broken files) go through
@@ -100,7 +100,7 @@ def assert_thumbnails(s3_endpoint: str, uuids: list[str]) -> None:
 
 
 def assert_polite(web: SimWeb, workers: int, **kwargs) -> None:
-    """No site saw more than its SPEC rate, a robots.txt breach, a wrong User-Agent..."""
+    """No site saw more than its SPEC.md §3 rate, a robots.txt breach, a wrong User-Agent..."""
     violations = [v for site in web.sites.values()
                   for v in site.violations(spec_rate(site.spec.image_count), DEFAULT_USER_AGENT,
                                            SETTINGS.crawl_per_host_connections * workers, **kwargs)]

@@ -1,4 +1,4 @@
-"""The circuit breaker's two halts at their boundaries (SPEC 3), on a fake Redis and a fake clock."""
+"""The circuit breaker's two halts at their boundaries (SPEC.md §3), on a fake Redis and a fake clock."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The monitoring_update line (SPEC 4): its exact shape, and rates over the interval."""
+"""The monitoring_update line (SPEC.md §4): its exact shape, and rates over the interval."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The token buckets (SPEC 3), driven tick by tick with a fake clock and a fake Redis."""
+"""The token buckets (SPEC.md §3), driven tick by tick with a fake clock and a fake Redis."""
 from __future__ import annotations
 
 import asyncio

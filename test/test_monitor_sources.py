@@ -1,4 +1,4 @@
-"""The computed rate and the sources list (SPEC 3): both schemas, from a file and over HTTP."""
+"""The computed rate and the sources list (SPEC.md §3): both schemas, from a file and over HTTP."""
 from __future__ import annotations
 
 import json

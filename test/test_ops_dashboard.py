@@ -172,5 +172,5 @@ async def test_dashboard_shows_what_the_real_monitor_logs(stack_env, redis_clien
     sys.__stderr__.write(f"\n[dashboard] screenshot: {screenshot}\n")
     rows = {source: " | ".join(texts) for source, texts in page["rows"].items()}
     assert list(rows) == ["animaldiversity", "flickr", "phylopic"]
-    assert page["rows"]["flickr"][2] == "200"  # the largest sources get the top rate (SPEC 3)
+    assert page["rows"]["flickr"][2] == "200"  # the largest sources get the top rate (SPEC.md §3)
     assert "halted" in rows["phylopic"] and "13,188" in rows["flickr"]

@@ -37,7 +37,7 @@ async def seed(redis) -> None:
 
 
 def monitoring_update() -> dict[str, Any]:
-    """A monitoring_update as the monitor logs it (SPEC 4)."""
+    """A monitoring_update as the monitor logs it (SPEC.md §4)."""
     return {
         "event": c.EVENT_MONITORING_UPDATE, "time": utc_now_iso(),
         "general": {"global_max_rps": 179.075, "error_rps": 0.4, "processing_rate": 42.7,

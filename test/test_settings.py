@@ -1,4 +1,4 @@
-"""Settings: defaults per SPEC 5, and one clear line for a bad value."""
+"""Settings: defaults per SPEC.md §5, and one clear line for a bad value."""
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,4 @@
-"""How many concurrent tasks each source gets (issue 4: by need, not equal shares).
+"""How many concurrent tasks each source gets: by need, not equal shares.
 
 A source needs about rate x latency tasks in flight to use its tokens (100
 req/s at 0.2 s a request keeps 20 busy; headroom covers token bursts). That

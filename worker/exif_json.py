@@ -1,4 +1,4 @@
-"""EXIF as a JSON-safe dict for the EXIF message (SPEC 1).
+"""EXIF as a JSON-safe dict for the EXIF message (SPEC.md §1).
 
 Camera and editor metadata is hostile input: binary blobs, NUL padding,
 zero denominators, lone surrogates. Downstream stores it as JSON (often

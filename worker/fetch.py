@@ -1,4 +1,4 @@
-"""One polite, bounded download: the rate-limited session of SPEC 3.
+"""One polite, bounded download: the rate-limited session of SPEC.md §3.
 
 Every hop (the first URL and each redirect target) is a request of its own:
 it asks the ``RequestGate`` first (robots.txt, address checks), waits for

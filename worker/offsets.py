@@ -1,7 +1,7 @@
 """Which offset of a partition is safe to commit when tasks finish out of order.
 
 A message's offset may be committed only once its outcome is acknowledged
-(SPEC 1: at-least-once), and Kafka commits a single position per
+(SPEC.md §1: at-least-once), and Kafka commits a single position per
 partition: everything below it counts as done. So the position is the
 lowest offset still unfinished, or one past the highest seen when none is.
 """

@@ -1,4 +1,4 @@
-"""Which URLs a worker crawls next, and when their offsets are committed (issue 4).
+"""Which URLs a worker crawls next, and when their offsets are committed.
 
 One consumer reads every ``urls.{source}`` topic; messages wait in a
 per-source queue and start as tasks on the source's reserved slots (its

@@ -1,4 +1,4 @@
-"""Per-outcome statistics in Redis (SPEC 2), read by the monitor's breakers and dashboards.
+"""Per-outcome statistics in Redis (SPEC.md §2), read by the monitor's breakers and dashboards.
 
 Each outcome is one pipeline (one round trip). Window scores are wall-clock
 Unix seconds because every worker host writes the same sorted sets; members

@@ -1,4 +1,4 @@
-"""One URL from download to its single terminal outcome (SPEC 1).
+"""One URL from download to its single terminal outcome (SPEC.md §1).
 
 Outcomes: a quality message (plus the EXIF message and the thumbnail) on
 success; ``link_rot`` for 404 and 410; a retry through ``inbound_images``

@@ -1,4 +1,4 @@
-"""Taking ``currtokens:{source}`` tokens before each request (SPEC 2 and 3).
+"""Taking ``currtokens:{source}`` tokens before each request (SPEC.md §2 and 3).
 
 The monitor sets each bucket once a second; a worker ``DECR``s it and may
 fetch only if the result is >= 0. The fetcher takes a token only once it

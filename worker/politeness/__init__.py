@@ -1,4 +1,4 @@
-"""What a fetch must ask before and after touching a website (SPEC 3, issue 5).
+"""What a fetch must ask before and after touching a website (SPEC.md §3).
 
 The worker's fetcher (``worker/fetch.py``) calls a ``RequestGate`` for every
 hop of a request, the first URL and each redirect target, in this order:

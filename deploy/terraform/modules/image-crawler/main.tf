@@ -19,7 +19,7 @@ locals {
   )] : []
   log_group     = "/${var.name}"
 
-  # Settings (SPEC section 5) as environment variables. AWS credentials are
+  # Settings (SPEC.md §5) as environment variables. AWS credentials are
   # deliberately absent: the SDK finds the instance profile by itself.
   plain_environment = merge(
     {
