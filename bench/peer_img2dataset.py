@@ -36,7 +36,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from demo.sample import PHOTOS, _photo, variant
 from devstack.stack import LocalStack
-from test.simweb import ROBOTS_PATH, Planned, SimWeb, SiteSpec
+from demo.simweb import ROBOTS_PATH, Planned, SimWeb, SiteSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_VENV = ROOT / "bench" / ".venv-img2dataset"

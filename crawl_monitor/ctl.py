@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from common.contracts import (HALTED, INBOUND_SOURCES, TEMP_HALTED, last_50_key, override_rate_key,
                               tokens_key)
 from common.settings import load_settings
-from crawl_monitor.http_api import SourceState, read_sources
+from crawl_monitor.source_state import SourceState, read_sources
 
 EXIT_REDIS = 1
 EXIT_BAD_INPUT = 2  # argparse's own code for usage errors

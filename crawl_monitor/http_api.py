@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable
 
@@ -53,12 +52,11 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from common.contracts import (EVENT_HTTP_API_ERROR, EVENT_HTTP_API_STARTED, HALTED, INBOUND_SOURCES,
-                              TEMP_HALTED, errors_key, override_rate_key, rate_limit_key,
-                              resized_key, source_requests_key, tokens_key)
+from common.contracts import EVENT_HTTP_API_ERROR, EVENT_HTTP_API_STARTED
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.settings import Settings
+from crawl_monitor.source_state import SourceState, read_sources
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 SAMPLE_SECONDS = 5.0  # the monitor logs an update every 5 s; sampling faster adds nothing
@@ -66,82 +64,6 @@ HISTORY_SECONDS = 3600.0
 GENERAL_CHART_KEYS = ("success_rps", "error_rps", "processing_rate", "global_max_rps")
 
 UpdateGetter = Callable[[], "dict[str, Any] | None"]
-
-
-# --- Reading Redis -----------------------------------------------------------
-@dataclass
-class SourceState:
-    """One source as Redis sees it now; shared by /metrics, /status and ``ctl status``."""
-    requests: int = 0
-    successes: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    rate_limit: float | None = None
-    override: float | None = None
-    tokens: int | None = None
-    halted: bool = False
-    temp_halted: bool = False
-
-    @property
-    def error_total(self) -> int:
-        return sum(self.errors.values())
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _number(value: bytes | str | None) -> float | None:
-    """Counters are written by other processes (and operators): tolerate junk."""
-    if value is None:
-        return None
-    try:
-        number = float(_text(value))
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _count(value: bytes | str | None) -> int:
-    number = _number(value)
-    return int(number) if number is not None else 0
-
-
-async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, int]]:
-    """Failures by status: one SCAN for all sources, since SCAN walks the whole
-    keyspace whatever it matches. Statuses never contain ':'."""
-    owner = {errors_key(source): source for source in sources}
-    keys = [_text(k) async for k in redis.scan_iter(match=errors_key("*", "*"), count=1000)]
-    keys = sorted(k for k in keys if k.rpartition(":")[0] in owner)
-    errors: dict[str, dict[str, int]] = {source: {} for source in sources}
-    for key, value in zip(keys, await redis.mget(keys) if keys else []):
-        prefix, _, status = key.rpartition(":")
-        errors[owner[prefix]][status] = _count(value)
-    return errors
-
-
-async def read_sources(redis: Redis) -> dict[str, SourceState]:
-    """Every source in ``inbound_sources`` with its counters, limits and halts."""
-    sources = sorted(_text(s) for s in await redis.smembers(INBOUND_SOURCES))
-    halted = {_text(s) for s in await redis.smembers(HALTED)}
-    temp_halted = {_text(s) for s in await redis.smembers(TEMP_HALTED)}
-    pipe = redis.pipeline(transaction=False)
-    for source in sources:
-        for key in (source_requests_key(source), resized_key(source), rate_limit_key(source),
-                    override_rate_key(source), tokens_key(source)):
-            pipe.get(key)
-    values = await pipe.execute()
-    errors = await _read_errors(redis, sources)
-    states = {}
-    for i, source in enumerate(sources):
-        requests, successes, rate, override, tokens = values[5 * i:5 * i + 5]
-        states[source] = SourceState(
-            requests=_count(requests), successes=_count(successes),
-            errors=errors[source],
-            rate_limit=_number(rate), override=_number(override),
-            tokens=None if _number(tokens) is None else int(_number(tokens)),
-            halted=source in halted, temp_halted=source in temp_halted,
-        )
-    return states
 
 
 # --- /metrics ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from demo.results import download_thumbnails, error_reasons, format_table, summa
 from demo.sample import sample_web
 from devstack.servers import free_port
 from devstack.stack import LocalStack
-from test.simweb import SimWeb
+from demo.simweb import SimWeb
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "out"

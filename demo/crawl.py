@@ -10,7 +10,7 @@ from typing import Iterator, Mapping
 from demo.cluster import Cluster
 from demo.outcomes import Outcomes
 from devstack.servers import free_port
-from test.simweb import Planned, SimWeb, write_tsv
+from demo.simweb import Planned, SimWeb, write_tsv
 
 
 def crawler_env(base: Mapping[str, str], sources_file: Path, **extra: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from common.contracts import CRAWL_ERRORS_TOPIC, rate_limit_key
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
-from test.simweb import ROBOTS_PATH, Planned, SimWeb, spec_rate
+from demo.simweb import ROBOTS_PATH, Planned, SimWeb, spec_rate
 
 DOWNLOAD_THREADS = 8
 

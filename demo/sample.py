@@ -18,7 +18,7 @@ import skimage.data
 from PIL import Image
 
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT
-from test.simweb import BROKEN_BODIES, DISALLOW_PRIVATE, Planned, SiteSpec, encode
+from demo.simweb import BROKEN_BODIES, DISALLOW_PRIVATE, Planned, SiteSpec, encode
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "camera", "rocket", "cat", "hubble_deep_field",
           "immunohistochemistry", "moon", "coins", "retina", "colorwheel", "logo", "clock",

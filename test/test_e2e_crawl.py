@@ -24,7 +24,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS, kafka_server
 from test.conftest import BUCKET
-from test.simweb import Planned, SimWeb, SiteSpec, image_size, spec_rate, standard_web
+from demo.simweb import Planned, SimWeb, SiteSpec, image_size, spec_rate, standard_web
 
 N_SOURCES, N_URLS, WORKERS = 20, 2000, 2
 CRAWL_TIMEOUT = 240.0

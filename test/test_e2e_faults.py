@@ -25,7 +25,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from devstack.servers import DEV_CREDENTIALS, free_port, kafka_server, redis_server, s3_server
 from test.conftest import BUCKET
-from test.simweb import DISALLOW_PRIVATE, Behaviour, SimWeb, standard_web, write_tsv
+from demo.simweb import DISALLOW_PRIVATE, Behaviour, SimWeb, standard_web, write_tsv
 from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a Kafka per crawl
 from test.test_e2e_crawl import assert_outcomes, assert_polite, fail_if_dead, outcome_report
 

@@ -29,7 +29,7 @@ from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
 from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.robots import product_token
-from worker.robots_tag import applicable_directives, forbids_thumbnail
+from worker.politeness.robots_tag import applicable_directives, forbids_thumbnail
 from worker.stats import Stats
 
 T = TypeVar("T")

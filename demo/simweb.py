@@ -11,7 +11,7 @@ the handler's clock: on a 2-core machine the crawl can keep this loop off the
 CPU for a few hundred milliseconds, and requests read late would be logged
 bunched together, a burst the crawler never sent.
 
-``python -m test.simweb OUT_DIR`` serves the standard test web from a
+``python -m demo.simweb OUT_DIR`` serves the standard test web from a
 subprocess until SIGTERM, writing ``sources.json``, ``urls.tsv`` and one JSON
 line per request to ``requests.jsonl`` in OUT_DIR.
 """
@@ -40,6 +40,8 @@ import numpy as np
 from aiohttp import web
 from PIL import Image
 from protego import Protego
+
+from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY
 
 HOST = "127.0.0.1"
 ROBOTS_PATH = "/robots.txt"
@@ -303,7 +305,7 @@ class Planned:
     uuid: str
     source: str       # as written in the TSV (the crawler lower-cases it)
     path: str
-    expect: frozenset[str]  # subset of {"quality", "link_rot", "crawl_errors"}
+    expect: frozenset[str]  # a subset of demo.outcomes' kinds
 
 
 def write_tsv(web_: SimWeb, plan: list[Planned], path: Path) -> Path:
@@ -409,20 +411,20 @@ def standard_web(n_sources: int, n_urls: int, prefix: str,
             n = i * 1000 + k
             ext, body, _ = synthetic_image(n % SYNTHETIC_FAMILY)
             if kind == 1:
-                path, expect = f"{MISSING}{n}.jpg", {"link_rot"}
+                path, expect = f"{MISSING}{n}.jpg", {LINK_ROT}
             elif kind == 2:
-                path, expect = f"{GONE}{n}.png", {"link_rot"}
+                path, expect = f"{GONE}{n}.png", {LINK_ROT}
             elif kind == 3:
-                path, expect = f"{BROKEN}{n}.jpg", {"crawl_errors"}
+                path, expect = f"{BROKEN}{n}.jpg", {CRAWL_ERRORS}
                 files[path] = BROKEN_BODIES[n % len(BROKEN_BODIES)]
             elif kind == 4 and disallows_private:
-                path, expect = f"{PRIVATE}{n}.{ext}", {"crawl_errors"}
+                path, expect = f"{PRIVATE}{n}.{ext}", {CRAWL_ERRORS}
                 files[path] = body  # served if asked: only robots.txt keeps the crawler out
             else:
-                path, expect = f"{IMAGE}{n}.{ext}", {"quality"}
+                path, expect = f"{IMAGE}{n}.{ext}", {QUALITY}
                 files[path] = body
-            if flaky and expect != {"crawl_errors"}:
-                expect = expect | {"crawl_errors"}  # a 500 or 429 on every attempt is an error
+            if flaky and expect != {CRAWL_ERRORS}:
+                expect = expect | {CRAWL_ERRORS}  # a 500 or 429 on every attempt is an error
             shown = name.upper() if i == 1 else name  # the crawler must lower-case sources
             plan.append(Planned(str(uuidlib.uuid4()), shown, path, frozenset(expect)))
         specs.append(SiteSpec(name, image_count_for_rate(b.rate), files, latency=b.latency,

@@ -1,0 +1,133 @@
+"""``python -m bench.soak``: a long crawl fed continuously; is every URL's outcome on the topics?
+
+The real processes (a monitor, two workers) on the local stack crawl a simulated web
+of several sources with some errors (404, 410, broken bodies, robots.txt rules, 500s,
+429s), fed a fresh slice of unique URLs every few seconds for ``--minutes``. It prints
+outcomes per URL produced (duplicates, which at-least-once allows, counted apart), and
+every minute each process's RSS and open files and Redis's memory and keys.
+
+A URL without an outcome is reconciled before anything is concluded: the outcome topics
+are read again from the start by a fresh consumer (was it there, and the first reader
+missed it?), its thumbnail is looked up in S3 (did the worker finish it?), and Redis's
+``num_resized`` is set against the quality messages read (did a worker count a success
+whose message is not on the topic?).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import botocore.session
+import redis
+
+from bench.cpu import proc_rss_and_files
+from common.contracts import NUM_RESIZED
+from demo.cluster import Cluster
+from demo.crawl import crawler_env
+from demo.outcomes import QUALITY, Outcomes
+from devstack.servers import DEV_CREDENTIALS
+from devstack.stack import LocalStack
+from demo.simweb import Behaviour, SimWeb, standard_web, write_tsv
+
+ROOT = Path(__file__).resolve().parent.parent
+FEED_EVERY = 5.0     # seconds between two slices of new URLs
+SAMPLE_EVERY = 60.0  # seconds between two resource samples
+STALL = 120.0        # after the feed: give up once no new outcome came for this long
+
+
+def behaviours(sources: int, rate: float) -> list[Behaviour]:
+    """``sources`` sites sharing ``rate`` req/s, a few with errors, throttling or robots rules."""
+    each = rate / sources
+    return [Behaviour(rate=max(1.0, each * (0.5 + (i % 3) / 2)), urls=0, latency=0.01 * (i % 4),
+                      error_rate=0.03 if i % 6 == 1 else 0.0, throttle_every=40 if i % 11 == 5 else 0,
+                      robots_txt="User-agent: *\nDisallow: /private/\n" if i % 3 == 0 else None)
+            for i in range(sources)]
+
+
+def sample(cluster: Cluster, client: redis.Redis, started: float) -> str:
+    info = client.info("memory")
+    parts = [f"{time.time() - started:6.0f} s", f"redis {info['used_memory'] / 2**20:7.1f} MiB "
+             f"{client.dbsize():6d} keys"]
+    for child in cluster.children:
+        if child.alive():
+            rss, files = proc_rss_and_files(child.pid)
+            parts.append(f"{child.name} {rss / 2**20:6.1f} MiB {files:4d} fds")
+    return " | ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=15.0)
+    parser.add_argument("--sources", type=int, default=24)
+    parser.add_argument("--rate", type=float, default=60.0, help="summed limits, req/s")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+
+    total = int(args.rate * args.minutes * 60)
+    plan_behaviours = [Behaviour(**{**b.__dict__, "urls": total // args.sources})
+                       for b in behaviours(args.sources, args.rate)]
+    specs, plan = standard_web(args.sources, total, f"soak{uuid.uuid4().hex[:4]}s", plan_behaviours)
+    folder = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    web = SimWeb(specs, log_path=folder / "requests.jsonl")
+    print(f"{len(plan)} URLs over {args.minutes} min, {args.sources} sources, logs in {folder}")
+    with LocalStack(folder / "stack") as stack, web.serving():
+        env = {**os.environ, **crawler_env(stack.environment(), web.write_sources(folder / "sources.json")),
+               "PYTHONPATH": str(ROOT)}
+        client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+        with Outcomes(stack.kafka_hosts, [p.uuid for p in plan]) as outcomes, \
+                Cluster(env, folder).start(args.workers) as cluster:
+            started = time.time()
+            per_slice = max(1, int(args.rate * FEED_EVERY))
+            fed, next_sample, last_progress = 0, started, started
+            while fed < len(plan) or (not outcomes.done and time.time() < last_progress + STALL):
+                if fed < len(plan) and time.time() >= started + fed / per_slice * FEED_EVERY:
+                    cluster.schedule(write_tsv(web, plan[fed:fed + per_slice], folder / "slice.tsv"))
+                    fed += per_slice
+                if time.time() >= next_sample:
+                    print(sample(cluster, client, started), flush=True)
+                    next_sample += SAMPLE_EVERY
+                if outcomes.poll(0.5):
+                    last_progress = time.time()
+                dead = cluster.died()
+                if dead:
+                    raise SystemExit(f"{dead[0].name} died: see {dead[0].log_path}")
+            print(sample(cluster, client, started))
+            num_resized = int(client.get(NUM_RESIZED) or 0)
+        reconcile(outcomes, plan, stack, num_resized)
+
+
+def reconcile(outcomes: Outcomes, plan: list, stack, num_resized: int) -> None:
+    produced = len(plan)
+    with_outcome = len(set(outcomes.kinds) & outcomes.wanted)
+    quality_read = sum(k[QUALITY] for k in outcomes.kinds.values())
+    print(f"outcomes per URL produced: {with_outcome / produced:.4f} ({with_outcome} of {produced}); "
+          f"duplicates {outcomes.duplicates()}, conflicts {len(outcomes.conflicts())}")
+    print(f"num_resized {num_resized}, quality messages read {quality_read} "
+          f"(a success counted without its message: {max(0, num_resized - quality_read)})")
+    missing = outcomes.missing()
+    if not missing:
+        return
+    with Outcomes(stack.kafka_hosts, missing) as again:
+        again.wait(60.0)
+    s3 = botocore.session.get_session().create_client("s3", endpoint_url=stack.s3_endpoint_url,
+                                                      **DEV_CREDENTIALS)
+    stored = sum(_exists(s3, stack.s3_bucket, f"{u}.jpg") for u in missing)
+    print(f"{len(missing)} without an outcome: {len(again.kinds)} found by a second reader "
+          f"(the first one missed them), {stored} have a thumbnail in S3 (the worker finished them); "
+          f"e.g. {sorted(missing)[:5]}")
+
+
+def _exists(s3, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except s3.exceptions.ClientError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
