@@ -33,7 +33,7 @@ from confluent_kafka import Producer
 
 from bench.cpu import stat_cpu
 from common.contracts import INBOUND_SOURCES, override_rate_key, source_topic
-from common.kafka import ensure_topics, producer_config
+from common.kafka import ensure_topics, produce_waiting, producer_config
 from crawl_monitor.regulator import Regulator
 from devstack.servers import free_port
 from devstack.stack import LocalStack
@@ -106,12 +106,7 @@ def load(kafka_hosts: str, ports: dict[str, int], seconds: float) -> int:
         for n in range(count):
             value = json.dumps({"url": f"http://127.0.0.1:{ports[source]}/img/{n}.jpg",
                                 "uuid": str(uuid.uuid4()), "source": source}).encode()
-            while True:
-                try:
-                    producer.produce(source_topic(source), value)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce_waiting(producer, source_topic(source), value)
             total += 1
     assert producer.flush(120) == 0
     return total

@@ -20,7 +20,7 @@ import uuid
 from confluent_kafka import Producer
 
 from common import contracts
-from common.kafka import ensure_topics, producer_config
+from common.kafka import ensure_topics, produce_waiting, producer_config
 from common.settings import Settings
 from crawl_monitor import splitter
 from devstack.stack import LocalStack
@@ -33,12 +33,7 @@ def load(hosts: str, count: int, sources: int) -> float:
     for n in range(count):
         value = json.dumps({"url": f"https://images.example/{n}.jpg", "uuid": str(uuid.uuid4()),
                             "source": f"Source{n % sources}"}).encode()
-        while True:
-            try:
-                producer.produce(contracts.INBOUND_TOPIC, value)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_waiting(producer, contracts.INBOUND_TOPIC, value)
     assert producer.flush(120) == 0, "the load did not complete"
     return count / (time.perf_counter() - started)
 

@@ -20,7 +20,6 @@ METADATA_TOPIC = "image_metadata_updates"
 LINK_ROT_TOPIC = "link_rot"
 CRAWL_ERRORS_TOPIC = "crawl_errors"
 REJECTED_TOPIC = "rejected_messages"
-SOURCE_TOPIC_PATTERN = r"^urls\..+"
 
 # Consumer groups: every worker shares one group so Kafka spreads partitions.
 SPLITTER_GROUP = "crawl_monitor_splitter"

@@ -99,6 +99,18 @@ def consumer_config(hosts: str, group: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: Any = None,
+                    on_delivery: Callable | None = None) -> None:
+    """Enqueue, waiting out a full local queue (BufferError) instead of dropping the message:
+    for code on a thread of its own (the splitter, the TSV producer, the benchmarks' loaders)."""
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.1)  # serves delivery reports, which frees room
+
+
 class DeliveryFailed(Exception):
     """The broker did not acknowledge a message."""
 
@@ -134,19 +146,6 @@ class AsyncProducer:
                 return
             except BufferError:
                 await asyncio.sleep(0.05)
-
-    def produce_sync(self, topic: str, value: bytes, key: Any = None,
-                     on_delivery: Callable | None = None) -> None:
-        """For code already on a worker thread: enqueue, waiting out a full queue."""
-        while True:
-            try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-                return
-            except BufferError:
-                time.sleep(0.05)
-
-    def flush_sync(self, timeout: float = 30.0) -> int:
-        return self._producer.flush(timeout)
 
     async def flush(self, timeout: float = 30.0) -> int:
         """Wait for every queued message; returns how many are still undelivered."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
@@ -166,5 +166,3 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
-
-SETTING_NAMES = [f.name.upper() for f in fields(Settings)]

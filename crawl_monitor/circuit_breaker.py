@@ -14,6 +14,7 @@ from typing import Any
 
 from common import contracts
 from common.jsonlog import log_event
+from common.source_sets import read_source_sets
 from crawl_monitor.constants import (TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
                                      TEMP_HALT_WINDOW_SECONDS)
 
@@ -49,11 +50,8 @@ class CircuitBreaker:
 
     async def check(self, now: float) -> None:
         """Judge every source on its requests up to ``now`` (Unix time, as workers score them)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.smembers(contracts.INBOUND_SOURCES)
-            pipe.smembers(contracts.HALTED)
-            pipe.smembers(contracts.TEMP_HALTED)
-            inbound, halted, temp_halted = await pipe.execute()
+        sets = await read_source_sets(self._redis)
+        inbound, halted, temp_halted = sets.inbound, sets.halted, sets.temp_halted
         sources = sorted(set(inbound) | set(temp_halted))
         if not sources:
             return

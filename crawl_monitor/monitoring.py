@@ -11,22 +11,10 @@ from typing import Any, Callable
 
 from common import contracts
 from common.jsonlog import log_event
+from common.source_sets import read_source_sets
+from common.numbers import count, finite_number
 
 _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
-
-
-def _int(raw: Any) -> int:
-    try:
-        return int(raw or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _float(raw: Any) -> float:
-    try:
-        return float(raw or 0)
-    except (TypeError, ValueError):
-        return 0.0
 
 
 class MonitoringLog:
@@ -40,14 +28,11 @@ class MonitoringLog:
 
     async def update(self) -> dict[str, Any]:
         """Read the counters, log one ``monitoring_update`` and return it."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget(list(_TOTALS))
-            pipe.smembers(contracts.INBOUND_SOURCES)
-            pipe.smembers(contracts.HALTED)
-            pipe.smembers(contracts.TEMP_HALTED)
-            raw_totals, inbound, halted, temp_halted = await pipe.execute()
+        raw_totals = await self._redis.mget(list(_TOTALS))
+        sets = await read_source_sets(self._redis)
+        inbound, halted, temp_halted = sets.inbound, sets.halted, sets.temp_halted
         now = self._clock()
-        totals = dict(zip(_TOTALS, map(_int, raw_totals)))
+        totals = dict(zip(_TOTALS, map(count, raw_totals)))
         sources = sorted(inbound)
         specific = await self._per_source(sources)
 
@@ -89,9 +74,9 @@ class MonitoringLog:
         for index, source in enumerate(sources):
             successful, error, last_50, rate_limit = replies[index * 4:(index + 1) * 4]
             specific[source] = {
-                "successful": _int(successful),
-                "error": _int(error),
+                "successful": count(successful),
+                "error": count(error),
                 "last_50_statuses": dict(Counter(last_50)),
-                "rate_limit": _float(rate_limit),
+                "rate_limit": finite_number(rate_limit) or 0.0,
             }
         return specific

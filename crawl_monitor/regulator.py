@@ -15,6 +15,8 @@ from typing import Any
 
 from common import contracts
 from common.jsonlog import log_event
+from common.source_sets import read_source_sets
+from common.numbers import non_negative
 from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
                                      UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
@@ -49,11 +51,8 @@ class Regulator:
 
     async def tick(self, now: float) -> dict[str, int]:
         """Set every bucket for the second starting at ``now`` (Unix time); return the grants."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.smembers(contracts.INBOUND_SOURCES)
-            pipe.smembers(contracts.HALTED)
-            pipe.smembers(contracts.TEMP_HALTED)
-            inbound, halted, temp_halted = await pipe.execute()
+        sets = await read_source_sets(self._redis)
+        inbound, halted, temp_halted = sets.inbound, sets.halted, sets.temp_halted
         sources = sorted(set(self._computed) | set(inbound))
         if not sources:
             self.rates = {}
@@ -142,11 +141,8 @@ class Regulator:
         if raw is None:
             self._reported_bad.pop(key, None)
             return None
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = math.nan
-        if math.isfinite(value) and value >= 0:
+        value = non_negative(raw)
+        if value is not None:
             self._reported_bad.pop(key, None)
             return value
         if self._reported_bad.get(key) != raw:

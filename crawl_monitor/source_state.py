@@ -5,13 +5,14 @@ so the operator's CLI does not import the web server to read it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (HALTED, INBOUND_SOURCES, TEMP_HALTED, errors_key, override_rate_key,
-                              rate_limit_key, resized_key, source_requests_key, tokens_key)
+from common.contracts import (errors_key, override_rate_key, rate_limit_key, resized_key,
+                              source_requests_key, tokens_key)
+from common.numbers import count, finite_number
+from common.source_sets import read_source_sets
 
 
 @dataclass
@@ -35,22 +36,6 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _number(value: bytes | str | None) -> float | None:
-    """Counters are written by other processes (and operators): tolerate junk."""
-    if value is None:
-        return None
-    try:
-        number = float(_text(value))
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _count(value: bytes | str | None) -> int:
-    number = _number(value)
-    return int(number) if number is not None else 0
-
-
 async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, int]]:
     """Failures by status: one SCAN for all sources, since SCAN walks the whole
     keyspace whatever it matches. Statuses never contain ':'."""
@@ -60,15 +45,14 @@ async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, 
     errors: dict[str, dict[str, int]] = {source: {} for source in sources}
     for key, value in zip(keys, await redis.mget(keys) if keys else []):
         prefix, _, status = key.rpartition(":")
-        errors[owner[prefix]][status] = _count(value)
+        errors[owner[prefix]][status] = count(value)
     return errors
 
 
 async def read_sources(redis: Redis) -> dict[str, SourceState]:
     """Every source in ``inbound_sources`` with its counters, limits and halts."""
-    sources = sorted(_text(s) for s in await redis.smembers(INBOUND_SOURCES))
-    halted = {_text(s) for s in await redis.smembers(HALTED)}
-    temp_halted = {_text(s) for s in await redis.smembers(TEMP_HALTED)}
+    sets = await read_source_sets(redis)
+    sources, halted, temp_halted = sorted(sets.inbound), sets.halted, sets.temp_halted
     pipe = redis.pipeline(transaction=False)
     for source in sources:
         for key in (source_requests_key(source), resized_key(source), rate_limit_key(source),
@@ -80,10 +64,10 @@ async def read_sources(redis: Redis) -> dict[str, SourceState]:
     for i, source in enumerate(sources):
         requests, successes, rate, override, tokens = values[5 * i:5 * i + 5]
         states[source] = SourceState(
-            requests=_count(requests), successes=_count(successes),
+            requests=count(requests), successes=count(successes),
             errors=errors[source],
-            rate_limit=_number(rate), override=_number(override),
-            tokens=None if _number(tokens) is None else int(_number(tokens)),
+            rate_limit=finite_number(rate), override=finite_number(override),
+            tokens=None if finite_number(tokens) is None else int(finite_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,
         )
     return states

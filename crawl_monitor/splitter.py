@@ -21,7 +21,7 @@ from redis import Redis
 
 from common import contracts
 from common.jsonlog import log_event
-from common.kafka import consumer_config, ensure_topics, producer_config
+from common.kafka import consumer_config, ensure_topics, produce_waiting, producer_config
 from common.settings import Settings
 from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
                                      SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS)
@@ -198,12 +198,7 @@ class Splitter:
                 pipe.execute()
 
     def _produce(self, topic: str, key: Any, value: bytes, on_delivery: Callable) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-                return
-            except BufferError:  # the local queue is full: wait for room, never drop
-                self._producer.poll(0.1)
+        produce_waiting(self._producer, topic, value, key, on_delivery)
 
     def _retry_until_done(self, step: Callable[[], None], stop: threading.Event) -> None:
         """Retry a batch that hit a broken broker or Redis, with backoff, until it is done or we stop.

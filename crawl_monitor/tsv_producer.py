@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from common import contracts
 from common.jsonlog import log_event
-from common.kafka import ensure_topics, producer_config
+from common.kafka import ensure_topics, produce_waiting, producer_config
 from common.settings import load_settings
 
 COLUMNS = ("url", "identifier", "source")
@@ -86,12 +86,7 @@ def produce_file(path: Path, hosts: str, partitions: int) -> dict[str, int]:
                 counts["bad_rows"] += 1
                 log_event(contracts.EVENT_TSV_BAD_ROW, file=str(path), line=line, error=reason)
                 continue
-            while True:
-                try:
-                    producer.produce(contracts.INBOUND_TOPIC, value=message, on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce_waiting(producer, contracts.INBOUND_TOPIC, message, on_delivery=on_delivery)
             producer.poll(0)
             counts["sent"] += 1
     while producer.flush(10) > 0:  # message.timeout.ms bounds this: each message ends delivered or failed

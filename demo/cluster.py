@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from devstack.servers import _die_with_parent
+from common.process import own_group_dying_with_parent
 
 STOP_GRACE = 15.0  # a worker drains its in-flight fetches on SIGTERM; then it is killed
 PRODUCER_TIMEOUT = 180.0
@@ -39,7 +39,7 @@ class Child:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.argv, env=dict(self.env), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, close_fds=True)
+                stdin=subprocess.DEVNULL, preexec_fn=own_group_dying_with_parent, close_fds=True)
         return self
 
     @property
@@ -115,7 +115,7 @@ class Cluster:
         with open(self.log_dir / "tsv_producer.log", "ab") as log:
             subprocess.run(module_argv("crawl_monitor.tsv_producer", str(tsv), self.env["KAFKA_HOSTS"]),
                            env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                           preexec_fn=_die_with_parent, timeout=PRODUCER_TIMEOUT, check=True)
+                           preexec_fn=own_group_dying_with_parent, timeout=PRODUCER_TIMEOUT, check=True)
 
     def died(self) -> list[Child]:
         """Children that exited although nobody stopped them."""

@@ -7,7 +7,6 @@ leaves a server behind.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -20,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-_PR_SET_PDEATHSIG = 1
+from common.process import own_group_dying_with_parent
+
 START_TIMEOUT = 60.0
 
 
@@ -32,14 +32,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """SIGKILL, not SIGTERM: with the parent gone nobody waits for a graceful
-    stop, and weed ignores SIGTERM for 15 s or more."""
-    os.setsid()
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -61,7 +53,7 @@ class Server:
             self.process = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env} if self.env else None,
-                preexec_fn=_die_with_parent, close_fds=True,
+                preexec_fn=own_group_dying_with_parent, close_fds=True,
             )
         finally:
             log.close()

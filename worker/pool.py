@@ -22,24 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import multiprocessing
 import os
 import pickle
-import signal
 import socket
 import struct
-import sys
 from collections import deque
 from typing import Any, Callable
 
 from common.jsonlog import log_event
+from common.process import die_with_parent
 from worker.constants import IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS
 from worker.imaging import Analysis, analyze
 from worker.shared_memory import Body
 
 CRASHED = "ImageWorkerCrashed"
-_PR_SET_PDEATHSIG = 1
 
 
 def default_pool_size() -> int:
@@ -233,7 +230,7 @@ def analyze_shared(path: str, size: int, target_resolution: int) -> Analysis:
 
 def _serve(sock: socket.socket, parent_pid: int) -> None:
     """A pool process: answer requests in order until the worker closes the socket."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     with sock:
         while True:
             try:
@@ -260,11 +257,3 @@ def _receive(sock: socket.socket, size: int) -> bytearray:
             raise EOFError
         received += count
     return buffer
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """A SIGKILLed worker must not leave its pool running (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)

@@ -15,17 +15,17 @@ re-delivers rather than loses (at-least-once).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from common.contracts import (HALTED, INBOUND_SOURCES, REJECTED_TOPIC, TEMP_HALTED, CrawlRequest,
-                              InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message,
-                              source_of_topic, source_topic)
+from common.contracts import (REJECTED_TOPIC, CrawlRequest, InvalidMessage, parse_crawl_request,
+                              rate_limit_key, rejected_message, source_of_topic, source_topic)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
+from common.source_sets import read_source_sets
+from common.numbers import non_negative
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
@@ -99,15 +99,13 @@ class Scheduler:
         # group takes seconds of its own, so every second spent not knowing adds to startup.
         self._next_refresh = time.monotonic() + (REFRESH_INTERVAL if self._sources else IDLE_REFRESH_INTERVAL)
         try:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.smembers(INBOUND_SOURCES).smembers(HALTED).smembers(TEMP_HALTED)
-            sources, halted, temp_halted = await pipe.execute()
-            names = sorted(sources)
+            sets = await read_source_sets(self._redis)
+            names = sorted(sets.inbound)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
         except Exception as exc:  # Redis away: keep the last known state
             log_event("worker_refresh_failed", error=repr(exc)[:300])
             return
-        self._halted = set(halted) | set(temp_halted)
+        self._halted = set(sets.stopped)
         self._tokens.halt(self._halted)
         # A rate or a source missing from Redis (restarted empty, say) keeps its last known
         # value: forgetting the rate would stop the pacing, forgetting the source its topic.
@@ -277,8 +275,4 @@ class Scheduler:
 
 def _as_rate(raw) -> float | None:
     """A usable rate from ``rate_limit:{source}``, or None (unknown: the source gets its floor)."""
-    try:
-        rate = float(raw)
-    except (TypeError, ValueError):
-        return None
-    return rate if math.isfinite(rate) and rate >= 0 else None
+    return non_negative(raw)
