@@ -156,7 +156,46 @@ EVENT_MESSAGES_REJECTED = "messages_rejected"
 EVENT_TSV_BAD_ROW = "tsv_bad_row"
 EVENT_TSV_PRODUCED = "tsv_produced"
 EVENT_KAFKA_CLIENT_ERROR = "kafka_client_error"  # librdkafka's own errors and warnings
+# The workers, the dev stack and the demo.
+EVENT_COMMIT_FAILED = "commit_failed"
+EVENT_CONSUMER_ERROR = "consumer_error"
+EVENT_CONSUMER_FLOW_FAILED = "consumer_flow_failed"
+EVENT_DEMO_INTERRUPTED = "demo_interrupted"
+EVENT_DEVSTACK_READY = "devstack_ready"
+EVENT_DEVSTACK_STOPPED = "devstack_stopped"
+EVENT_DEVSTACK_STOPPING = "devstack_stopping"
+EVENT_FETCH_UNEXPECTED_ERROR = "fetch_unexpected_error"
+EVENT_IMAGE_POOL_BROKEN = "image_pool_broken"
+EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE = "image_shared_memory_unavailable"
+EVENT_INFRA_RETRY = "infra_retry"
+EVENT_STATS_REJECTED = "stats_rejected"
+EVENT_TASK_CRASHED = "task_crashed"
+EVENT_WORKER_DRAINING = "worker_draining"
+EVENT_WORKER_PARTITIONS = "worker_partitions"
+EVENT_WORKER_REFRESH_FAILED = "worker_refresh_failed"
+EVENT_WORKER_STARTED = "worker_started"
+EVENT_WORKER_STOPPED = "worker_stopped"
+EVENT_WORKER_SUBSCRIBED = "worker_subscribed"
+EVENT_WORKER_SUBSCRIBE_FAILED = "worker_subscribe_failed"
+EVENT_WORKER_TOKENS_FORFEITED = "worker_tokens_forfeited"
 
+
+# Events whose shape SPEC.md §4 fixes exactly: their lines carry no "level" (it is implied).
+FIXED_SHAPE_EVENTS = frozenset({EVENT_MONITORING_UPDATE, EVENT_CRAWL_HALTED})
+# Each event's level (logging's numbers); an event not named here is INFO.
+_WARNING, _ERROR = 30, 40
+EVENT_LEVELS = {
+    EVENT_CRAWL_HALTED: _WARNING, EVENT_SOURCE_UNKNOWN: _WARNING, EVENT_RETRY_AFTER: _WARNING,
+    EVENT_SOURCES_UNAVAILABLE: _WARNING, EVENT_REDIS_VALUE_IGNORED: _WARNING,
+    EVENT_MESSAGES_REJECTED: _WARNING, EVENT_TSV_BAD_ROW: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
+    EVENT_INFRA_RETRY: _WARNING, EVENT_WORKER_TOKENS_FORFEITED: _WARNING,
+    EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
+    EVENT_CONSUMER_FLOW_FAILED: _WARNING, EVENT_STATS_REJECTED: _WARNING,
+    EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE: _WARNING,
+    EVENT_MONITOR_COMPONENT_ERROR: _ERROR, EVENT_HTTP_API_ERROR: _ERROR, EVENT_TASK_CRASHED: _ERROR,
+    EVENT_FETCH_UNEXPECTED_ERROR: _ERROR, EVENT_IMAGE_POOL_BROKEN: _ERROR, EVENT_CONSUMER_ERROR: _ERROR,
+    EVENT_WORKER_SUBSCRIBE_FAILED: _ERROR,
+}
 
 def utc_now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from common.contracts import EVENT_DEMO_INTERRUPTED
 from common.jsonlog import log_event
 from common.settings import DEFAULT_USER_AGENT
 from demo.cluster import Cluster
@@ -110,7 +111,7 @@ def main() -> None:
     try:
         code = run()
     except KeyboardInterrupt:
-        log_event("demo_interrupted")
+        log_event(EVENT_DEMO_INTERRUPTED)
         code = 130
     except Exception as exc:  # the servers and children are already stopped by the with-blocks
         print(f"demo failed: {exc}", file=sys.stderr)

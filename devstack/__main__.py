@@ -9,6 +9,7 @@ import signal
 import threading
 from pathlib import Path
 
+from common.contracts import EVENT_DEVSTACK_READY, EVENT_DEVSTACK_STOPPED, EVENT_DEVSTACK_STOPPING
 from common.jsonlog import log_event
 from devstack.stack import LocalStack
 
@@ -19,10 +20,10 @@ def main() -> None:
         signal.signal(signum, lambda *_: stop.set())
     data_dir = Path(".devstack")
     with LocalStack(data_dir, durable=True) as addresses:
-        log_event("devstack_ready", data_dir=str(data_dir.resolve()), **addresses.environment())
+        log_event(EVENT_DEVSTACK_READY, data_dir=str(data_dir.resolve()), **addresses.environment())
         stop.wait()
-        log_event("devstack_stopping")
-    log_event("devstack_stopped")
+        log_event(EVENT_DEVSTACK_STOPPING)
+    log_event(EVENT_DEVSTACK_STOPPED)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,22 @@ def test_each_spec_name_is_written_in_exactly_one_module(name: str) -> None:
         if pattern.search(path.read_text(encoding="utf-8")):
             homes.append(str(rel))
     assert homes == ["common/contracts.py"], homes
+
+
+def test_no_log_event_name_is_written_outside_common() -> None:
+    """Every event name is a constant of common.contracts, so a typo cannot rename one."""
+    literal = re.compile(r"""log_event\(\s*["']""")
+    offenders = [str(path.relative_to(ROOT)) for path in ROOT.rglob("*.py")
+                 if path.relative_to(ROOT).parts[0] not in ("test", ".venv")
+                 and "site-packages" not in path.parts and literal.search(path.read_text(encoding="utf-8"))]
+    assert offenders == [], offenders
+
+
+def test_each_event_line_carries_its_level(capsys) -> None:
+    from common.jsonlog import log_event
+    log_event(contracts.EVENT_CRAWL_HALTED, source="s")
+    log_event(contracts.EVENT_MONITORING_UPDATE)
+    log_event(contracts.EVENT_TASK_CRASHED)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(line["event"], line.get("level")) for line in lines] == [
+        ("crawl_halted", None), ("monitoring_update", None), ("task_crashed", "error")]  # SPEC's shapes kept

@@ -13,6 +13,7 @@ import signal
 import aiohttp
 import redis.asyncio as aioredis
 
+from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOPPED
 from common.contracts import WORKER_GROUP
 from common.jsonlog import log_event
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, producer_config
@@ -54,7 +55,7 @@ async def run(settings: Settings) -> None:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, scheduler.stop)
-            log_event("worker_started", max_tasks=settings.max_tasks, processes=pool.processes)
+            log_event(EVENT_WORKER_STARTED, max_tasks=settings.max_tasks, processes=pool.processes)
             await scheduler.run()
     finally:
         undelivered = await producer.close(settings.shutdown_timeout)
@@ -63,7 +64,7 @@ async def run(settings: Settings) -> None:
         await session.close()
         await redis.aclose()
         pool.close()
-        log_event("worker_stopped", undelivered=undelivered)
+        log_event(EVENT_WORKER_STOPPED, undelivered=undelivered)
 
 
 def _raise_open_files_limit() -> None:

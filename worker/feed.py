@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from common.contracts import EVENT_COMMIT_FAILED, EVENT_CONSUMER_ERROR, EVENT_CONSUMER_FLOW_FAILED
 from common.jsonlog import log_event
 from common.kafka import AsyncConsumer
 
@@ -59,7 +60,7 @@ class KafkaFeed:
             getattr(batch, kind).extend(parts)
         for message in messages:
             if message.error():
-                log_event("consumer_error", error=str(message.error()), topic=message.topic())
+                log_event(EVENT_CONSUMER_ERROR, error=str(message.error()), topic=message.topic())
                 continue
             batch.records.append(Record(message.topic(), message.partition(), message.offset(), message.value()))
         return batch
@@ -76,7 +77,7 @@ class KafkaFeed:
         try:
             await self._consumer.call(lambda c: getattr(c, action)([TopicPartition(t, p) for t, p in parts]))
         except KafkaException as exc:  # e.g. a partition revoked in the meantime
-            log_event("consumer_flow_failed", action=action, error=str(exc))
+            log_event(EVENT_CONSUMER_FLOW_FAILED, action=action, error=str(exc))
 
     async def commit(self, positions: dict[TP, int]) -> bool:
         """Commit each partition's position (the next offset to read); False if the broker refused."""
@@ -84,7 +85,7 @@ class KafkaFeed:
             await self._consumer.commit_offsets([TopicPartition(t, p, o) for (t, p), o in positions.items()])
             return True
         except KafkaException as exc:  # a rebalance in progress: the next commit retries
-            log_event("commit_failed", error=str(exc), partitions=len(positions))
+            log_event(EVENT_COMMIT_FAILED, error=str(exc), partitions=len(positions))
             return False
 
     async def close(self) -> None:

@@ -24,6 +24,7 @@ from urllib.parse import urljoin
 
 from redis.exceptions import RedisError
 
+from common.contracts import EVENT_FETCH_UNEXPECTED_ERROR
 from common.contracts import InvalidMessage, validate_url
 from common.jsonlog import log_event
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
@@ -142,6 +143,6 @@ def _classify(exc: Exception, waited: float) -> FetchError:
     elif isinstance(exc, ValueError):
         name = "InvalidURL"
     else:
-        log_event("fetch_unexpected_error", error=repr(exc))
+        log_event(EVENT_FETCH_UNEXPECTED_ERROR, error=repr(exc))
         name = type(exc).__name__
     return FetchError(name, token_wait=waited)

@@ -30,6 +30,7 @@ import struct
 from collections import deque
 from typing import Any, Callable
 
+from common.contracts import EVENT_IMAGE_POOL_BROKEN, EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE
 from common.jsonlog import log_event
 from common.process import die_with_parent
 from worker.constants import IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS
@@ -62,7 +63,7 @@ class ImagePool:
                 return await self._run(body.size, analyze_shared, path, body.size, target_resolution)
             except SegmentUnreadable as exc:
                 if self._shared:  # once: the socket still works, only slower
-                    log_event("image_shared_memory_unavailable", error=repr(exc)[:300])
+                    log_event(EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE, error=repr(exc)[:300])
                     self._shared = False
         data = body.bytes() if isinstance(body, Body) else body
         return await self._run(len(data), analyze, data, target_resolution)
@@ -75,7 +76,7 @@ class ImagePool:
                 try:
                     outcome, value = await process.call(request)
                 except ProcessDied:
-                    log_event("image_pool_broken", attempt=attempt, size=size)
+                    log_event(EVENT_IMAGE_POOL_BROKEN, attempt=attempt, size=size)
                     self._replace(process)
                     continue
             if outcome == _UNREADABLE:

@@ -20,6 +20,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from common.contracts import EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED, EVENT_WORKER_SUBSCRIBE_FAILED
 from common.contracts import (REJECTED_TOPIC, CrawlRequest, InvalidMessage, parse_crawl_request,
                               rate_limit_key, rejected_message, source_of_topic, source_topic)
 from common.cancel import cancel_and_wait
@@ -103,7 +104,7 @@ class Scheduler:
             names = sorted(sets.inbound)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
         except Exception as exc:  # Redis away: keep the last known state
-            log_event("worker_refresh_failed", error=repr(exc)[:300])
+            log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
             return
         self._halted = set(sets.stopped)
         self._tokens.halt(self._halted)
@@ -116,10 +117,10 @@ class Scheduler:
             try:
                 await self._feed.subscribe([source_topic(s) for s in sorted(known)])
             except Exception as exc:  # e.g. a name Kafka rejects: retried at the next refresh
-                log_event("worker_subscribe_failed", error=repr(exc)[:300])
+                log_event(EVENT_WORKER_SUBSCRIBE_FAILED, error=repr(exc)[:300])
                 return
             self._sources = known
-            log_event("worker_subscribed", sources=len(known))
+            log_event(EVENT_WORKER_SUBSCRIBED, sources=len(known))
 
     # --- partitions and messages ----------------------------------------------
     def _rebalanced(self, assigned: list[TP], revoked: list[TP]) -> None:
@@ -135,7 +136,7 @@ class Scheduler:
             self._assigned[tp] = source_of_topic(tp[0])
             self._paused.discard(tp)
         if assigned or revoked:
-            log_event("worker_partitions", assigned=len(assigned), revoked=len(revoked),
+            log_event(EVENT_WORKER_PARTITIONS, assigned=len(assigned), revoked=len(revoked),
                       now_owned=len(self._assigned))
 
     def _accept(self, record: Record) -> None:
@@ -224,7 +225,7 @@ class Scheduler:
         except ShuttingDown:
             pass  # nothing sent: the message stays uncommitted for the next owner
         except Exception as exc:  # a bug: keep the offset unfinished rather than lose the URL
-            log_event("task_crashed", topic=job.tp[0], partition=job.tp[1], offset=job.offset,
+            log_event(EVENT_TASK_CRASHED, topic=job.tp[0], partition=job.tp[1], offset=job.offset,
                       error=repr(exc)[:500])
         finally:
             self._tasks.discard(asyncio.current_task())
@@ -266,7 +267,7 @@ class Scheduler:
         """Stop taking work, let requests in flight finish (bounded), commit what finished."""
         self._stopping.set()
         self._tokens.close()
-        log_event("worker_draining", tasks=len(self._tasks))
+        log_event(EVENT_WORKER_DRAINING, tasks=len(self._tasks))
         if self._tasks:
             _done, late = await asyncio.wait(set(self._tasks), timeout=self._shutdown_timeout)
             await cancel_and_wait(late)

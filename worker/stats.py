@@ -19,6 +19,7 @@ import time
 
 from redis.exceptions import ResponseError
 
+from common.contracts import EVENT_STATS_REJECTED
 from common.contracts import (LAST_50_LENGTH, NUM_RESIZED, RESIZE_ERRORS, STATUS_WINDOWS,
                               errors_key, last_50_key, resized_key, status_window_key)
 from common.jsonlog import log_event
@@ -56,4 +57,4 @@ class Stats:
         try:
             await pipe.execute()
         except ResponseError as exc:  # e.g. an operator left a key of the wrong type: not worth a stall
-            log_event("stats_rejected", source=source, status=status, error=str(exc)[:300])
+            log_event(EVENT_STATS_REJECTED, source=source, status=status, error=str(exc)[:300])

@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from redis.exceptions import RedisError
 
+from common.contracts import EVENT_INFRA_RETRY
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               CrawlRequest, crawl_error_message, exif_message, link_rot_message,
                               quality_message)
@@ -44,7 +45,7 @@ async def persist(what: str, operation: Callable[[], Awaitable[T]],
         try:
             return await operation()
         except retry_on as exc:
-            log_event("infra_retry", what=what, error=repr(exc)[:500], retry_in=delay)
+            log_event(EVENT_INFRA_RETRY, what=what, error=repr(exc)[:500], retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, INFRA_RETRY_MAX_DELAY)
 

@@ -37,6 +37,7 @@ import random
 import time
 from typing import Callable
 
+from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import send_pace_key, source_requests_key, tokens_key
 from common.jsonlog import log_event
 from worker.constants import (FORFEIT_REPORT_SECONDS, PACE_MARGIN, STALE_TOKEN_SECONDS,
@@ -150,7 +151,7 @@ class TokenBuckets:
         self._slowest_answer = max(self._slowest_answer, answer_seconds)
         now = time.monotonic()
         if now - self._forfeits_reported_at >= FORFEIT_REPORT_SECONDS:
-            log_event("worker_tokens_forfeited", by_source=self._forfeited,
+            log_event(EVENT_WORKER_TOKENS_FORFEITED, by_source=self._forfeited,
                       slowest_answer_ms=round(self._slowest_answer * 1000),
                       usual_answer_ms=round((self._usual_answer or 0.0) * 1000, 1),
                       msg="tokens answered too late to send on time: this worker or its Redis stalled")
