@@ -32,16 +32,10 @@ NOT_SENT_STATUSES = frozenset({"ForbiddenAddress"})
 # 300 MB in memory per pool process.
 MAX_IMAGE_PIXELS = 89_478_485
 THUMBNAIL_JPEG_QUALITY = 85
-# Bilinear after Pillow's reducing_gap: against a Lanczos reference it measured 47 dB PSNR
-# (bicubic 53), far below what the JPEG q85 encoding costs anyway, for ~25% less CPU per image
-# (bench.peer_img2dataset corpus).
+# Cheap shrinking: the image work is most of a worker's CPU, and the q85 encoding hides the
+# difference (docs/decisions.md, "Thumbnails"). The gap: how close to the target a JPEG is
+# decoded at a DCT scale (other formats box-reduced) before the bilinear pass.
 THUMBNAIL_RESAMPLE = "BILINEAR"
-# How close to the target the cheap shrink goes before the bilinear pass: a JPEG is decoded
-# straight at the smallest DCT scale (1/2, 1/4, 1/8) that still covers the target, other formats
-# are box-reduced as far. Against Pillow's default (2.0, twice the target): 12 MP JPEGs cost
-# 41 ms instead of 53; on the peer corpus JPEG -11%, PNG -14%, WebP -9%; the thumbnails lose
-# about 1 dB against a full-size Lanczos reference (worst 38-40 dB, median 48-50), invisible
-# under the q85 encoding.
 THUMBNAIL_REDUCING_GAP = 1.0
 MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a message at ~1 MB
 
@@ -67,8 +61,8 @@ HTTP_IDLE_SECONDS = 15.0           # an idle keep-alive connection is dropped af
 HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts together
 
 # --- Statistics (worker/stats.py) ---------------------------------------------
-# Seconds between trims of a source's status windows (status60s/1hr/12hr): a
-# trim per outcome was three of the ten commands of every outcome's pipeline.
+# Seconds between trims of a source's status windows (status60s/1hr/12hr): trimming on
+# every outcome was a third of its Redis commands (docs/decisions.md).
 STATS_TRIM_INTERVAL = 1.0
 
 # --- Token buckets (worker/tokens.py) -----------------------------------------
@@ -79,12 +73,11 @@ TOKEN_POLL_MAX = 0.25
 # Requests to a source are spaced 1 / (rate x margin) apart cluster-wide, with a catch-up of
 # (margin - 1) x rate requests: a little faster than the rate, so that scheduling delays do
 # not leave a second's tokens unused, and at most ~(2 x margin - 1) x rate + 1 in any second
-# (the tests allow 10% + 1). Exact pacing (1.0) measured 82% of the summed limits, 1.03 92%.
+# (the tests allow 10% + 1). Numbers in docs/decisions.md, "Pacing margin".
 PACE_MARGIN = 1.03
 # A token whose answer arrived this much later than answers usually do (a moving average,
 # weight TOKEN_ANSWER_SMOOTHING per answer) is not used (worker/tokens.py): the worker was
-# stalled, and its request would reach the site bunched with the next one. The tests
-# allow a site 10% + 1 extra requests in a second: ~70 ms of delay at 40 req/s.
+# stalled, and its request would reach the site bunched with the next one.
 STALE_TOKEN_SECONDS = 0.05
 TOKEN_ANSWER_SMOOTHING = 0.1
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute

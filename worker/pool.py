@@ -4,13 +4,13 @@ The event loop only ships bytes in and results out, and drives each pool
 process itself through a socket pair, with a second request queued behind
 the one being worked on so that a process never waits for the loop between
 images. ``concurrent.futures``' process pool does the same through a manager
-thread and a feeder thread, whose wake-ups and GIL hand-overs were ~25% of a
-worker's CPU during a crawl of ~1 MP photos (per-thread CPU from /proc).
+thread and a feeder thread, whose wake-ups cost a quarter of a worker's CPU
+(docs/decisions.md, "Our own process pool").
 
 Bodies come in shared memory (``worker.shared_memory``): the download was
 received straight into a segment, and the pool process reads it through
-``/proc/{worker}/fd/{fd}``; only its path crosses the socket. Pickling a
-3.5 MB photo through a pipe cost the event loop's process about 4 ms of CPU.
+``/proc/{worker}/fd/{fd}``; only its path crosses the socket, not megabytes
+of pickled bytes.
 Where a segment cannot be read (not Linux, a locked-down ``/proc``), the
 socket carries the body.
 

@@ -2,18 +2,16 @@
 
 A body is received straight from the socket into a ``Segment``: an anonymous
 shared-memory file (``memfd``) that the image process opens through
-``/proc/{worker}/fd/{fd}``. The event loop never copies a body: for a 12 MP
-photo, aiohttp's parser copy and our copy into the pool's memory were
-~1.5 ms of the worker's CPU per image, more than the rest of its work
-together (``bench.worker_images``).
+``/proc/{worker}/fd/{fd}``. The event loop never copies a body: two copies
+of a 12 MP photo cost more than the rest of the worker's work on it
+(docs/decisions.md, "Our own HTTP client").
 
 A segment is mapped at the size cap but backed only as far as bytes have
 arrived, a ``SEGMENT_STEP`` at a time: a hostile server announcing 50 MB and
 then trickling holds the memory it sent, not what it announced. The backing
 is reserved with ``posix_fallocate``, so running out of memory raises here
 instead of killing the worker with SIGBUS on a write into the mapping.
-Segments are reused: a fresh one pays page faults and zeroing on every page
-(~0.3 ms for a 12 MP photo). The memfds have no name, so nothing outlives the
+Segments are reused: a fresh one pays page faults and zeroing on every page. The memfds have no name, so nothing outlives the
 worker, however it dies. Without ``memfd`` (not Linux) a segment is anonymous
 memory whose bytes go to the pool through its socket.
 """
