@@ -116,16 +116,7 @@ def send_pace_key(source: str) -> str:
     return f"send_pace:{source}"
 
 
-# --- Statuses ------------------------------------------------------------
-# Outcomes that say nothing bad about the site's health: never trip a breaker.
-EXPECTED_STATUSES = frozenset(
-    {"200", "301", "302", "303", "307", "308", "404", "410",
-     "UnidentifiedImageError", "RobotsDisallowed"}
-)
-
-
-def is_expected_status(status: str) -> bool:
-    return status in EXPECTED_STATUSES or (status.isdigit() and 300 <= int(status) < 400)
+# Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.
 
 
 # --- Log events (SPEC.md §4) -------------------------------------------------
@@ -137,9 +128,6 @@ EVENT_RETRY_AFTER = "source_paused_retry_after"
 # Worker-side politeness events.
 EVENT_RETRY_AFTER_RECEIVED = "retry_after_received"
 EVENT_ROBOTS_FETCHED = "robots_fetched"
-# crawl_errors reasons for URLs the politeness gate refuses (worker.politeness.Refused).
-REASON_ROBOTS_DISALLOWED = "RobotsDisallowed"
-REASON_FORBIDDEN_ADDRESS = "ForbiddenAddress"
 # The monitor's HTTP server.
 EVENT_HTTP_API_STARTED = "http_api_started"
 EVENT_HTTP_API_ERROR = "http_api_error"

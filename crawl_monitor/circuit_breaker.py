@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 from common import contracts
+from common.statuses import is_expected
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from crawl_monitor.constants import (TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
@@ -28,14 +29,14 @@ def surge_of_errors(statuses: list[str]) -> bool:
     """More than 10% errors, among enough requests to judge."""
     if len(statuses) < TEMP_HALT_MIN_SAMPLES:
         return False
-    errors = sum(1 for status in statuses if not contracts.is_expected_status(status))
+    errors = sum(1 for status in statuses if not is_expected(status))
     return errors > TEMP_HALT_ERROR_RATIO * len(statuses)
 
 
 def every_request_failed(last_statuses: list[str]) -> bool:
     """A full window of the last 50 requests, none of which went as expected."""
     return (len(last_statuses) == contracts.LAST_50_LENGTH
-            and not any(contracts.is_expected_status(status) for status in last_statuses))
+            and not any(is_expected(status) for status in last_statuses))
 
 
 def _codes(statuses: list[str]) -> str:

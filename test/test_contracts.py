@@ -85,3 +85,25 @@ def test_each_event_line_carries_its_level(capsys) -> None:
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(line["event"], line.get("level")) for line in lines] == [
         ("crawl_halted", None), ("monitoring_update", None), ("task_crashed", "error")]  # SPEC's shapes kept
+
+
+def test_no_status_name_is_written_outside_common() -> None:
+    """Each status is a member of common.statuses.Status: a typo cannot change behaviour."""
+    from common.statuses import Status
+    names = re.compile(r"""["'](""" + "|".join(re.escape(s.value) for s in Status) + r""")["']""")
+    offenders = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in ROOT.rglob("*.py")
+                 if path.relative_to(ROOT).parts[0] in ("common", "crawl_monitor", "worker")
+                 and path.name != "statuses.py"
+                 for match in [names.search(path.read_text(encoding="utf-8"))] if match]
+    assert offenders == [], offenders
+
+
+def test_status_policy_as_data_and_the_wire_text_unchanged() -> None:
+    from common.statuses import Status, in_windows, is_expected, is_retryable
+    assert Status.TIMEOUT == "Timeout" and f"{Status.ROBOTS_DISALLOWED}" == "RobotsDisallowed"
+    assert [s for s in ("Timeout", "ServerDisconnected", "ConnectionError", "BadResponse", "500", "TooLarge")
+            if is_retryable(s)] == ["Timeout", "ServerDisconnected", "ConnectionError"]
+    assert all(is_expected(s) for s in ("200", "301", "308", "404", "410", "UnidentifiedImageError",
+                                        "RobotsDisallowed"))
+    assert not any(is_expected(s) for s in ("500", "429", "403", "Timeout", "ForbiddenAddress", "SomeError"))
+    assert not in_windows("ForbiddenAddress") and in_windows("Timeout") and in_windows("404")

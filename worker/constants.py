@@ -14,8 +14,6 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 # --- Outcomes (worker/task.py) ----------------------------------------------
 LINK_ROT_STATUSES = frozenset({404, 410})
-# Transient failures worth another attempt through inbound_images.
-RETRYABLE_NAMES = frozenset({"Timeout", "ServerDisconnected", "ConnectionError"})
 # Backoff for our own infrastructure (Kafka, Redis, S3): their failures are
 # never a URL's outcome, so the task waits them out instead.
 INFRA_RETRY_FIRST_DELAY = 0.5
@@ -23,8 +21,6 @@ INFRA_RETRY_MAX_DELAY = 30.0
 S3_MAX_CONNECTIONS = 32
 S3_PRESIGN_SECONDS = 300      # an upload's signature is used at once; 5 minutes covers clock skew
 S3_PUT_TIMEOUT = 60.0         # seconds for one thumbnail upload; a failed one is retried
-# Refusals raised before anything is sent: kept out of the breakers' windows.
-NOT_SENT_STATUSES = frozenset({"ForbiddenAddress"})
 
 # --- Images (worker/imaging.py) ----------------------------------------------
 # Pillow raises DecompressionBombError above this many pixels (its own

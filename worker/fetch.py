@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from common.contracts import EVENT_FETCH_UNEXPECTED_ERROR
 from common.contracts import InvalidMessage, validate_url
 from common.jsonlog import log_event
+from common.statuses import Status
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
 from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient
 from worker.politeness import Refused, RequestGate
@@ -78,7 +79,7 @@ class Fetcher:
                 if not location:
                     return Fetched(url, status, headers, body, waited)
                 url = _redirect_target(url, location)
-            raise FetchError("TooManyRedirects", status)
+            raise FetchError(Status.TOO_MANY_REDIRECTS, status)
         except FetchError as exc:
             exc.token_wait = waited
             raise
@@ -110,7 +111,7 @@ class Fetcher:
                 if 200 <= response.status < 300:
                     body = await response.read_body(self._segments, self._max_bytes)
             except BodyTooLarge:
-                raise FetchError("TooLarge", response.status) from None
+                raise FetchError(Status.TOO_LARGE, response.status) from None
             finally:
                 try:
                     await self._gate.after_response(url, source, response.status, response.headers)
@@ -124,24 +125,24 @@ def _redirect_target(current: str, location: str) -> str:
     try:
         return validate_url(urljoin(current, location))
     except (InvalidMessage, ValueError):
-        raise FetchError("BadRedirect") from None
+        raise FetchError(Status.BAD_REDIRECT) from None
 
 
 def _classify(exc: Exception, waited: float) -> FetchError:
     if isinstance(exc, Refused):  # the gate's, or the SSRF guard's at connect time
         return FetchError(exc.reason, token_wait=waited)
     if isinstance(exc, TimeoutError):  # connect, silence or total
-        name = "Timeout"
+        name = Status.TIMEOUT
     elif isinstance(exc, ssl.SSLError):
-        name = "SSLError"
+        name = Status.SSL_ERROR
     elif isinstance(exc, ConnectFailed):
-        name = "ConnectionError"
+        name = Status.CONNECTION_ERROR
     elif isinstance(exc, (Disconnected, ConnectionError)):
-        name = "ServerDisconnected"
+        name = Status.SERVER_DISCONNECTED
     elif isinstance(exc, BadResponse):
-        name = "BadResponse"
+        name = Status.BAD_RESPONSE
     elif isinstance(exc, ValueError):
-        name = "InvalidURL"
+        name = Status.INVALID_URL
     else:
         log_event(EVENT_FETCH_UNEXPECTED_ERROR, error=repr(exc))
         name = type(exc).__name__

@@ -15,6 +15,8 @@ from typing import Any
 
 from PIL import Image
 
+from common.statuses import Status
+
 from worker.constants import (MAX_IMAGE_PIXELS, THUMBNAIL_JPEG_QUALITY, THUMBNAIL_REDUCING_GAP,
                               THUMBNAIL_RESAMPLE)
 from worker.exif_json import exif_to_json
@@ -23,8 +25,7 @@ from worker.jpeg_quality import estimate_quality
 Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 RESAMPLE = Image.Resampling[THUMBNAIL_RESAMPLE]
 
-UNIDENTIFIED = "UnidentifiedImageError"
-BOMB = "DecompressionBomb"
+UNIDENTIFIED, BOMB = Status.UNIDENTIFIED_IMAGE, Status.DECOMPRESSION_BOMB
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,12 @@ from typing import Any, Callable
 from common.contracts import EVENT_IMAGE_POOL_BROKEN, EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE
 from common.jsonlog import log_event
 from common.process import die_with_parent
+from common.statuses import Status
 from worker.constants import IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS
 from worker.imaging import Analysis, analyze
 from worker.shared_memory import Body
 
-CRASHED = "ImageWorkerCrashed"
+CRASHED = Status.IMAGE_WORKER_CRASHED
 
 
 def default_pool_size() -> int:

@@ -24,8 +24,8 @@ from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC,
                               quality_message)
 from common.jsonlog import log_event
 from common.settings import Settings
-from worker.constants import (INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES,
-                              NOT_SENT_STATUSES, RETRYABLE_NAMES)
+from common.statuses import in_windows, is_retryable
+from worker.constants import INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES
 from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
 from worker.shared_memory import Body, SegmentUnavailable
@@ -75,11 +75,11 @@ class ImageTask:
             await self._fetched(request, fetched)
         except FetchError as exc:
             token_wait = exc.token_wait
-            if exc.status in RETRYABLE_NAMES:
+            if is_retryable(exc.status):
                 await self._retry_or_fail(request, exc.status, exc.http_status)
             else:
                 await self._fail(request, exc.status, exc.http_status,
-                                 windows=exc.status not in NOT_SENT_STATUSES)
+                                 windows=in_windows(exc.status))
         return time.monotonic() - started - token_wait
 
     async def _fetched(self, request: CrawlRequest, fetched: Fetched) -> None:

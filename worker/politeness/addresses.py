@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from common.contracts import REASON_FORBIDDEN_ADDRESS
+from common.statuses import Status
 from worker.politeness import Refused
 from worker.politeness.ttl_cache import TtlCache
 
@@ -80,7 +80,7 @@ class AddressGuard:
             verdict = await self._first_forbidden(host, port) or ""
             self._verdicts.put((host, port), verdict, GUARD_CACHE_SECONDS)
         if verdict:
-            raise Refused(REASON_FORBIDDEN_ADDRESS, f"{host} -> {verdict}")
+            raise Refused(Status.FORBIDDEN_ADDRESS, f"{host} -> {verdict}")
 
     async def _first_forbidden(self, host: str, port: int) -> str | None:
         try:
@@ -110,7 +110,7 @@ class GuardedResolver(AbstractResolver):
         results = await self._inner.resolve(host, port, family)
         allowed = [r for r in results if not is_forbidden(r["host"].split("%")[0])]
         if not allowed:
-            raise Refused(REASON_FORBIDDEN_ADDRESS, f"{host} resolves only to forbidden addresses")
+            raise Refused(Status.FORBIDDEN_ADDRESS, f"{host} resolves only to forbidden addresses")
         return allowed
 
     async def close(self) -> None:

@@ -19,9 +19,10 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 from protego import Protego
 
-from common.contracts import (EVENT_ROBOTS_FETCHED, REASON_ROBOTS_DISALLOWED, robots_key,
+from common.contracts import (EVENT_ROBOTS_FETCHED, robots_key,
                               robots_lock_key)
 from common.jsonlog import log_event
+from common.statuses import Status
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.ttl_cache import TtlCache
@@ -143,7 +144,7 @@ class RobotsCache:
 
     async def check(self, url: str) -> None:
         if not (await self.rules(origin_of(url))).allowed(url):
-            raise Refused(REASON_ROBOTS_DISALLOWED, url)
+            raise Refused(Status.ROBOTS_DISALLOWED, url)
 
     async def rules(self, origin: str) -> Rules:
         rules = self._memory.get(origin)

@@ -1,0 +1,57 @@
+"""Every named status a request can end with (SPEC.md §2), and what each one means.
+
+The names are the wire format: Redis windows and counters, and the ``reason`` of
+``crawl_errors``, carry them as text, and a ``StrEnum`` member is that text. The policy
+is data beside each name, so a new status states whether it is retried, whether it
+says anything about the site's health, and whether the site ever saw a request.
+HTTP codes are statuses too, written as their digits (``"404"``); ``is_expected``
+judges both.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    TIMEOUT = "Timeout"                          # connect, silence or total
+    SERVER_DISCONNECTED = "ServerDisconnected"   # the connection ended before the response did
+    CONNECTION_ERROR = "ConnectionError"         # no address of the host took the connection
+    SSL_ERROR = "SSLError"
+    BAD_RESPONSE = "BadResponse"                 # framing that HTTP/1.1 (llhttp) refuses
+    TOO_LARGE = "TooLarge"                       # past MAX_IMAGE_BYTES
+    TOO_MANY_REDIRECTS = "TooManyRedirects"
+    BAD_REDIRECT = "BadRedirect"                 # a Location that is not a crawlable URL
+    INVALID_URL = "InvalidURL"                   # a URL that cannot be sent as it is
+    FORBIDDEN_ADDRESS = "ForbiddenAddress"       # the SSRF guard: not a globally routable address
+    ROBOTS_DISALLOWED = "RobotsDisallowed"       # the site's robots.txt says no
+    UNIDENTIFIED_IMAGE = "UnidentifiedImageError"  # the body is no image Pillow knows
+    DECOMPRESSION_BOMB = "DecompressionBomb"     # more pixels than MAX_IMAGE_PIXELS
+    IMAGE_WORKER_CRASHED = "ImageWorkerCrashed"  # the decoder died on it, twice
+
+
+# The policy. A member is equal to (and hashes as) its text, so these answer for a
+# status read back from Redis as well; an unknown name (an unexpected exception's
+# class name) is neither retried nor expected.
+RETRYABLE = frozenset({Status.TIMEOUT, Status.SERVER_DISCONNECTED, Status.CONNECTION_ERROR})
+EXPECTED = frozenset({Status.UNIDENTIFIED_IMAGE, Status.ROBOTS_DISALLOWED})
+NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS})  # refused before anything could reach the site
+EXPECTED_HTTP = frozenset({200, 404, 410})  # and every 3xx
+
+
+def is_retryable(status: str) -> bool:
+    """Transient: worth another attempt through ``inbound_images``."""
+    return status in RETRYABLE
+
+
+def is_expected(status: str) -> bool:
+    """Says nothing bad about the site's health, so never trips a breaker: a name, or an
+    HTTP code's digits."""
+    if status.isdigit():
+        code = int(status)
+        return code in EXPECTED_HTTP or 300 <= code < 400
+    return status in EXPECTED
+
+
+def in_windows(status: str) -> bool:
+    """Recorded in the breaker's status windows."""
+    return status not in NOT_IN_WINDOWS
