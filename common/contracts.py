@@ -43,10 +43,14 @@ NUM_RESIZED = "num_resized"
 RESIZE_ERRORS = "resize_errors"
 LAST_50_LENGTH = 50
 
-STATUS_WINDOWS = {  # key prefix -> window length in seconds
-    "status60s": 60,
-    "status1hr": 60 * 60,
-    "status12hr": 12 * 60 * 60,
+# status60s:{source}: one sorted-set member per request, the breaker's sliding minute.
+MINUTE_WINDOW = "status60s"
+MINUTE_WINDOW_SECONDS = 60
+# status1hr / status12hr: counts per time bucket, a hash field "{bucket start}:{status}" -> count,
+# so their size follows the statuses seen, not the request rate. prefix -> (window s, bucket s).
+STATUS_COUNT_WINDOWS = {
+    "status1hr": (60 * 60, 60),
+    "status12hr": (12 * 60 * 60, 10 * 60),
 }
 
 
@@ -63,7 +67,17 @@ def status_window_key(prefix: str, source: str) -> str:
 
 
 def one_minute_window_key(source: str) -> str:
-    return status_window_key("status60s", source)
+    return status_window_key(MINUTE_WINDOW, source)
+
+
+def status_count_field(bucket_start: int, status: str) -> str:
+    return f"{bucket_start}:{status}"
+
+
+def bucket_of_field(field: str) -> int:
+    """The bucket start a count window's field names; -1 for a field of another shape."""
+    start = field.partition(":")[0]
+    return int(start) if start.isdigit() else -1
 
 
 def last_50_key(source: str) -> str:

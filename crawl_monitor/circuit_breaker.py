@@ -16,8 +16,12 @@ from common import contracts
 from common.statuses import is_expected
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
-from crawl_monitor.constants import (TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
+from crawl_monitor.constants import (BUCKET_TRIM_SECONDS, TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
                                      TEMP_HALT_WINDOW_SECONDS)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def status_of(member: str) -> str:
@@ -48,6 +52,7 @@ class CircuitBreaker:
 
     def __init__(self, redis: Any):
         self._redis = redis
+        self._next_bucket_trim = 0.0
 
     async def check(self, now: float) -> None:
         """Judge every source on its requests up to ``now`` (Unix time, as workers score them)."""
@@ -58,18 +63,35 @@ class CircuitBreaker:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
             for source in sources:
-                # Trimming here too keeps the windows bounded whatever the workers do.
-                for prefix, length in contracts.STATUS_WINDOWS.items():
-                    pipe.zremrangebyscore(contracts.status_window_key(prefix, source), "-inf", f"({now - length}")
-                pipe.zrangebyscore(contracts.one_minute_window_key(source), now - TEMP_HALT_WINDOW_SECONDS, "+inf")
+                # Trimming here too keeps the window bounded whatever the workers do.
+                minute_key = contracts.one_minute_window_key(source)
+                pipe.zremrangebyscore(minute_key, "-inf", f"({now - contracts.MINUTE_WINDOW_SECONDS}")
+                pipe.zrangebyscore(minute_key, now - TEMP_HALT_WINDOW_SECONDS, "+inf")
                 # Workers RPUSH: the newest statuses are at the right.
                 pipe.lrange(contracts.last_50_key(source), -contracts.LAST_50_LENGTH, -1)
             replies = await pipe.execute()
-        per_source = len(contracts.STATUS_WINDOWS) + 2
         for index, source in enumerate(sources):
-            minute, last_50 = replies[index * per_source + per_source - 2:(index + 1) * per_source]
+            _trimmed, minute, last_50 = replies[index * 3:index * 3 + 3]
             await self._judge(source, [status_of(m) for m in minute], list(last_50),
                               source in halted, source in temp_halted)
+        if now >= self._next_bucket_trim:
+            self._next_bucket_trim = now + BUCKET_TRIM_SECONDS
+            await self._trim_buckets(sources, now)
+
+    async def _trim_buckets(self, sources: list[str], now: float) -> None:
+        """Drop the count windows' buckets that ended before their window began."""
+        keys = [(contracts.status_window_key(prefix, source), now - seconds - bucket)
+                for source in sources for prefix, (seconds, bucket) in contracts.STATUS_COUNT_WINDOWS.items()]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key, _seconds in keys:
+                pipe.hkeys(key)
+            fields = await pipe.execute()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for (key, started_before), names in zip(keys, fields, strict=True):
+                old = [f for f in map(_text, names) if contracts.bucket_of_field(f) <= started_before]
+                if old:
+                    pipe.hdel(key, *old)
+            await pipe.execute()
 
     async def _judge(self, source: str, minute: list[str], last_50: list[str],
                      halted: bool, temp_halted: bool) -> None:

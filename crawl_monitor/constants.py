@@ -30,6 +30,7 @@ BREAKER_CHECK_SECONDS = 1.0
 TEMP_HALT_ERROR_RATIO = 0.10        # strictly more than this halts
 TEMP_HALT_MIN_SAMPLES = 10          # fewer requests in the minute say too little to judge
 TEMP_HALT_WINDOW_SECONDS = 60
+BUCKET_TRIM_SECONDS = 60  # how often the hour and twelve-hour count windows drop old buckets
 
 # --- Monitoring log (SPEC.md §4).
 MONITORING_INTERVAL_SECONDS = 5.0

@@ -23,9 +23,10 @@ def redis() -> FakeAsyncRedis:
 def record(redis: FakeAsyncRedis, statuses: list[str], at: float, source: str = "example") -> None:
     """What a worker writes per request: every window, and the last-50 list."""
     for status in statuses:
-        member = f"{status}:{uuid.uuid4().hex}"
-        for prefix in contracts.STATUS_WINDOWS:
-            redis.store.zadd(contracts.status_window_key(prefix, source), {member: at})
+        redis.store.zadd(contracts.one_minute_window_key(source), {f"{status}:{uuid.uuid4().hex}": at})
+        for prefix, (_seconds, bucket) in contracts.STATUS_COUNT_WINDOWS.items():
+            field = contracts.status_count_field(int(at // bucket * bucket), status)
+            redis.store.hincrby(contracts.status_window_key(prefix, source), field, 1)
         redis.store.rpush(contracts.last_50_key(source), status)
         del redis.store.data[contracts.last_50_key(source)][:-contracts.LAST_50_LENGTH]
 
@@ -69,12 +70,27 @@ async def test_expected_statuses_are_not_errors(redis) -> None:
 
 async def test_requests_older_than_a_minute_do_not_count_and_are_trimmed(redis) -> None:
     record(redis, ["500"] * 20, at=T0 - 61)
-    record(redis, ["200"] * 20, at=T0 - 3601)
+    record(redis, ["200"] * 20, at=T0 - 3601 - 60)       # a bucket that ended before the hour
+    record(redis, ["404"] * 5, at=T0 - 13 * 3600)        # and one before the twelve hours
     await CircuitBreaker(redis).check(T0)
     assert redis.store.smembers(contracts.TEMP_HALTED) == set()
     assert redis.store.zrangebyscore(contracts.one_minute_window_key("example"), "-inf", "+inf") == []
-    assert len(redis.store.zrangebyscore(contracts.status_window_key("status1hr", "example"), "-inf", "+inf")) == 20
-    assert len(redis.store.zrangebyscore(contracts.status_window_key("status12hr", "example"), "-inf", "+inf")) == 40
+
+    def counts(prefix: str) -> dict[str, int]:
+        by_status: dict[str, int] = {}
+        for field, n in redis.store.data[contracts.status_window_key(prefix, "example")].items():
+            by_status[field.partition(":")[2]] = by_status.get(field.partition(":")[2], 0) + n
+        return by_status
+    assert counts("status1hr") == {"500": 20}
+    assert counts("status12hr") == {"500": 20, "200": 20}
+
+
+async def test_count_windows_hold_one_field_per_bucket_and_status_whatever_the_rate(redis) -> None:
+    for second in range(600):
+        record(redis, ["200"] * 5 + ["404"], at=T0 - 600 + second)
+    await CircuitBreaker(redis).check(T0)
+    hour = redis.store.data[contracts.status_window_key("status1hr", "example")]
+    assert len(hour) <= 2 * 11 and sum(hour.values()) == 3600  # 10 minutes x 2 statuses, 3,600 requests
 
 
 async def test_a_temporary_halt_clears_once_the_minute_is_clean(redis, capsys) -> None:

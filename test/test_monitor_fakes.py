@@ -81,6 +81,18 @@ class FakeStore:
         end = len(values) if end == -1 else (len(values) + end + 1 if end < 0 else end + 1)
         return list(values[start:end])
 
+    def hincrby(self, key: str, field: str, amount: int) -> int:
+        counts = self.data.setdefault(key, {})
+        counts[field] = counts.get(field, 0) + amount
+        return counts[field]
+
+    def hkeys(self, key: str) -> list[str]:
+        return list(self.data.get(key, {}))
+
+    def hdel(self, key: str, *fields: str) -> int:
+        counts = self.data.get(key, {})
+        return sum(counts.pop(field, None) is not None for field in fields)
+
     def zadd(self, key: str, mapping: dict[str, float]) -> int:
         zset = self.data.setdefault(key, {})
         added = len(set(mapping) - set(zset))

@@ -118,6 +118,13 @@ class FakePipeline:
                 results.append(True)
             elif name == "incr":
                 results.append(self._redis._incrby(args[0], 1))
+            elif name == "hincrby":
+                key, field, amount = args
+                counts = store.setdefault(key, {})
+                counts[field] = counts.get(field, 0) + amount
+                results.append(counts[field])
+            elif name == "expire":
+                results.append(True)
             elif name == "smembers":
                 results.append(set(store.get(args[0], set())))
             else:

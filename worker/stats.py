@@ -1,16 +1,16 @@
 """Per-outcome statistics in Redis (SPEC.md §2), read by the monitor's breakers and dashboards.
 
-Each outcome is one pipeline (one round trip). Window scores are wall-clock
-Unix seconds because every worker host writes the same sorted sets; members
-carry a random suffix so two identical statuses in one instant both count.
+Each outcome is one pipeline (one round trip). The breaker's one-minute window
+(``status60s``) is a sorted set scored by wall-clock Unix seconds, because every
+worker host writes it; members carry a random suffix so two identical statuses in
+one instant both count. The hour and twelve-hour windows are counts per time
+bucket (``HINCRBY``): a month at 200 requests a second must not keep a member per
+request (``status12hr`` alone would hold 8.6 million).
 
-Dropping the members that left a window (ZREMRANGEBYSCORE) is per source and
-time, not per outcome: at most every STATS_TRIM_INTERVAL seconds a source's
-windows are trimmed, in the same pipeline as its outcome. The breaker reads
-the windows by score and trims them itself, so nothing it sees changes; a
-set just holds at most that many seconds of members past its window, while
-a busy source's outcome costs 7 commands instead of 10 (redis-py spends
-about 30 us of the worker's event loop on each).
+Trimming is per source and time, not per outcome: at most every
+STATS_TRIM_INTERVAL seconds a source's minute window is trimmed and its count
+windows' expiry renewed, in the same pipeline as its outcome. The breaker trims
+too (the count windows' old buckets, once a minute), so nothing it reads changes.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import time
 from redis.exceptions import ResponseError
 
 from common.contracts import EVENT_STATS_REJECTED
-from common.contracts import (LAST_50_LENGTH, NUM_RESIZED, RESIZE_ERRORS, STATUS_WINDOWS,
-                              errors_key, last_50_key, resized_key, status_window_key)
+from common.contracts import (LAST_50_LENGTH, MINUTE_WINDOW_SECONDS, NUM_RESIZED, RESIZE_ERRORS,
+                              STATUS_COUNT_WINDOWS, errors_key, last_50_key, one_minute_window_key,
+                              resized_key, status_count_field, status_window_key)
 from common.jsonlog import log_event
 from worker.constants import STATS_TRIM_INTERVAL
 
@@ -40,11 +41,15 @@ class Stats:
             trim = now >= self._next_trim.get(source, 0.0)
             if trim:
                 self._next_trim[source] = now + STATS_TRIM_INTERVAL
-            for prefix, seconds in STATUS_WINDOWS.items():
+            minute = one_minute_window_key(source)
+            pipe.zadd(minute, {member: now})
+            if trim:
+                pipe.zremrangebyscore(minute, "-inf", now - MINUTE_WINDOW_SECONDS)
+            for prefix, (seconds, bucket) in STATUS_COUNT_WINDOWS.items():
                 key = status_window_key(prefix, source)
-                pipe.zadd(key, {member: now})
+                pipe.hincrby(key, status_count_field(int(now // bucket * bucket), status), 1)
                 if trim:
-                    pipe.zremrangebyscore(key, "-inf", now - seconds)
+                    pipe.expire(key, seconds)  # a source that goes quiet leaves nothing behind
             pipe.rpush(last_50_key(source), status)
             pipe.ltrim(last_50_key(source), -LAST_50_LENGTH, -1)
         if success:
