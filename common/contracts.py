@@ -92,6 +92,11 @@ def errors_key(source: str, status: str | None = None) -> str:
     return f"{RESIZE_ERRORS}:{source}" if status is None else f"{RESIZE_ERRORS}:{source}:{status}"
 
 
+def error_statuses_key(source: str) -> str:
+    """The statuses with an errors_key(source, status) counter: read, never scanned for."""
+    return f"error_statuses:{source}"
+
+
 # Keys beyond the original's table (SPEC.md §2), owned by this project (politeness state).
 def retry_after_key(source: str) -> str:
     """Unix time until which a source gets no tokens (a 429/503 Retry-After)."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (errors_key, override_rate_key, rate_limit_key, resized_key,
+from common.contracts import (error_statuses_key, errors_key, override_rate_key, rate_limit_key, resized_key,
                               source_requests_key, tokens_key)
 from common.numbers import count, finite_number
 from common.source_sets import read_source_sets
@@ -37,16 +37,16 @@ def _text(value: bytes | str) -> str:
 
 
 async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, int]]:
-    """Failures by status: one SCAN for all sources, since SCAN walks the whole
-    keyspace whatever it matches. Statuses never contain ':'."""
-    owner = {errors_key(source): source for source in sources}
-    keys = [_text(k) async for k in redis.scan_iter(match=errors_key("*", "*"), count=1000)]
-    keys = sorted(k for k in keys if k.rpartition(":")[0] in owner)
-    errors: dict[str, dict[str, int]] = {source: {} for source in sources}
-    for key, value in zip(keys, await redis.mget(keys) if keys else []):
-        prefix, _, status = key.rpartition(":")
-        errors[owner[prefix]][status] = count(value)
-    return errors
+    """Failures by status, from keys it can name: each source's ``error_statuses`` set
+    says which counters exist (a SCAN would walk every key, one per robots.txt host too)."""
+    pipe = redis.pipeline(transaction=False)
+    for source in sources:
+        pipe.smembers(error_statuses_key(source))
+    statuses = [sorted(map(_text, members)) for members in await pipe.execute()]
+    keys = [errors_key(source, status) for source, named in zip(sources, statuses, strict=True) for status in named]
+    values = iter(await redis.mget(keys) if keys else [])
+    return {source: {status: count(next(values)) for status in named}
+            for source, named in zip(sources, statuses, strict=True)}
 
 
 async def read_sources(redis: Redis) -> dict[str, SourceState]:

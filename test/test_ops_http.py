@@ -34,6 +34,10 @@ async def seed(redis) -> None:
         c.errors_key("flickr"): 22,  # the per-source total is not a status
         c.errors_key("retired", "500"): 9,  # nor is a source no longer in inbound_sources
     })
+    # As workers write them beside each status counter: which counters exist.
+    for source, statuses in {"flickr": ("500", "Timeout"), "animaldiversity": ("503",),
+                             "phylopic": ("500",), "retired": ("500",)}.items():
+        await redis.sadd(c.error_statuses_key(source), *statuses)
 
 
 def monitoring_update() -> dict[str, Any]:
@@ -168,3 +172,15 @@ def test_history_computes_achieved_rates_and_keeps_one_hour() -> None:
     assert history.achieved_rps("a") == 2.0
     history.add(t0 + 3700, None, {})
     assert [round(s["time"] - t0) for s in history.samples] == [3700]
+
+
+async def test_reading_every_source_walks_no_keyspace(redis_client) -> None:
+    """Its cost follows the sources, not every key (one robots.txt key per host, say)."""
+    from crawl_monitor.source_state import read_sources
+    await seed(redis_client)
+    await redis_client.mset({f"robots:http://host{n}.example:80": "x" for n in range(2000)})
+    await redis_client.config_resetstat()
+    states = await read_sources(redis_client)
+    assert states["flickr"].errors == {"500": 20, "Timeout": 2}
+    commands = await redis_client.info("commandstats")
+    assert not any(name.startswith(("cmdstat_scan", "cmdstat_keys")) for name in commands), sorted(commands)

@@ -125,6 +125,10 @@ class FakePipeline:
                 results.append(counts[field])
             elif name == "expire":
                 results.append(True)
+            elif name == "sadd":
+                members = store.setdefault(args[0], set())
+                results.append(len(set(args[1:]) - members))
+                members.update(args[1:])
             elif name == "smembers":
                 results.append(set(store.get(args[0], set())))
             else:

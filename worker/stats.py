@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from common.contracts import EVENT_STATS_REJECTED
 from common.contracts import (LAST_50_LENGTH, MINUTE_WINDOW_SECONDS, NUM_RESIZED, RESIZE_ERRORS,
-                              STATUS_COUNT_WINDOWS, errors_key, last_50_key, one_minute_window_key,
+                              STATUS_COUNT_WINDOWS, error_statuses_key, errors_key, last_50_key, one_minute_window_key,
                               resized_key, status_count_field, status_window_key)
 from common.jsonlog import log_event
 from worker.constants import STATS_TRIM_INTERVAL
@@ -59,6 +59,7 @@ class Stats:
             pipe.incr(RESIZE_ERRORS)
             pipe.incr(errors_key(source))
             pipe.incr(errors_key(source, status))
+            pipe.sadd(error_statuses_key(source), status)
         try:
             await pipe.execute()
         except ResponseError as exc:  # e.g. an operator left a key of the wrong type: not worth a stall
