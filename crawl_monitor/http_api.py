@@ -61,6 +61,10 @@ from crawl_monitor.source_state import SourceState, read_sources
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 SAMPLE_SECONDS = 5.0  # the monitor logs an update every 5 s; sampling faster adds nothing
 HISTORY_SECONDS = 3600.0
+HISTORY_FULL_SECONDS = 600.0  # samples newer than this are all kept; older ones thinned
+HISTORY_THIN_SECONDS = 30.0
+HISTORY_SOURCES = 50          # per-source series kept in each sample: the busiest
+STATUS_SOURCES = 1000         # /status lists at most this many sources: stopped first, then the busiest
 GENERAL_CHART_KEYS = ("success_rps", "error_rps", "processing_rate", "global_max_rps")
 
 UpdateGetter = Callable[[], "dict[str, Any] | None"]
@@ -120,13 +124,19 @@ def render_metrics(sources: dict[str, SourceState]) -> bytes:
 # --- History for the chart ---------------------------------------------------
 class History:
     """The last hour of samples: the log is a stream and Prometheus may not be
-    deployed, so the dashboard's chart needs a short memory of its own."""
+    deployed, so the dashboard's chart needs a short memory of its own.
+
+    Bounded in bytes whatever the number of sources: a sample keeps the summed request
+    rate and the per-source series of only the ``HISTORY_SOURCES`` busiest sources, and
+    samples older than ``HISTORY_FULL_SECONDS`` are thinned to one per
+    ``HISTORY_THIN_SECONDS``. Every source's latest achieved rate is kept apart."""
 
     def __init__(self, span: float = HISTORY_SECONDS):
         self.span = span
         self.samples: deque[dict[str, Any]] = deque()
         self._last_requests: dict[str, int] = {}
         self._last_time: float | None = None
+        self._achieved: dict[str, float] = {}
 
     def add(self, now: float, update: dict[str, Any] | None,
             sources: dict[str, SourceState] | None) -> dict[str, Any]:
@@ -138,28 +148,43 @@ class History:
             "sources": {},
         }
         elapsed = now - self._last_time if self._last_time is not None else 0.0
+        series: dict[str, dict[str, Any]] = {}
         for source, state in (sources or {}).items():
             before = self._last_requests.get(source)
             rps = (max(state.requests - before, 0) / elapsed
                    if before is not None and elapsed > 0 else None)
-            sample["sources"][source] = {"rps": rps, "rate_limit": state.rate_limit}
+            if rps is not None:
+                self._achieved[source] = rps
+            series[source] = {"rps": rps, "rate_limit": state.rate_limit}
         if sources is not None:
             self._last_requests = {s: st.requests for s, st in sources.items()}
             self._last_time = now
+            self._achieved = {s: r for s, r in self._achieved.items() if s in sources}
+        rates = [entry["rps"] for entry in series.values() if entry["rps"] is not None]
+        sample["requests_rps"] = sum(rates) if rates else None
+        busiest = sorted(series, key=lambda s: (-(series[s]["rps"] or 0.0), s))[:HISTORY_SOURCES]
+        sample["sources"] = {source: series[source] for source in sorted(busiest)}
         self.samples.append(sample)
+        self._thin(now)
+        return sample
+
+    def _thin(self, now: float) -> None:
         while self.samples and self.samples[0]["time"] < now - self.span:
             self.samples.popleft()
-        return sample
+        kept: deque[dict[str, Any]] = deque()
+        last_kept = float("-inf")
+        for sample in self.samples:
+            recent = sample["time"] >= now - HISTORY_FULL_SECONDS
+            if recent or sample["time"] - last_kept >= HISTORY_THIN_SECONDS:
+                kept.append(sample)
+                last_kept = sample["time"]
+        self.samples = kept
 
     def since(self, after: float) -> list[dict[str, Any]]:
         return [s for s in self.samples if s["time"] > after]
 
     def achieved_rps(self, source: str) -> float | None:
-        for sample in reversed(self.samples):
-            rps = sample["sources"].get(source, {}).get("rps")
-            if rps is not None:
-                return rps
-        return None
+        return self._achieved.get(source)
 
 
 # --- The server --------------------------------------------------------------
@@ -194,9 +219,12 @@ class _Api:
         body: dict[str, Any] = dict(self._update() or {"event": None})
         try:
             sources = await read_sources(self.redis)
-            body["sources"] = {s: {**asdict(st), "error_total": st.error_total,
+            shown = sorted(sources, key=lambda s: (not (sources[s].halted or sources[s].temp_halted),
+                                                   -sources[s].requests, s))[:STATUS_SOURCES]
+            body["sources"] = {s: {**asdict(sources[s]), "error_total": sources[s].error_total,
                                    "achieved_rps": self.history.achieved_rps(s)}
-                               for s, st in sources.items()}
+                               for s in sorted(shown)}
+            body["sources_omitted"] = len(sources) - len(shown)
         except RedisError as exc:
             body["sources"], body["redis_error"] = None, str(exc)
         body["history"] = self.history.since(since)

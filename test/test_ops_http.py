@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
 import aiohttp
+import pytest
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -184,3 +186,21 @@ async def test_reading_every_source_walks_no_keyspace(redis_client) -> None:
     assert states["flickr"].errors == {"500": 20, "Timeout": 2}
     commands = await redis_client.info("commandstats")
     assert not any(name.startswith(("cmdstat_scan", "cmdstat_keys")) for name in commands), sorted(commands)
+
+
+def test_history_is_bounded_in_bytes_whatever_the_number_of_sources() -> None:
+    """2,000 sources sampled every 5 s for an hour: the busiest 50 series, older samples thinned."""
+    from crawl_monitor.http_api import HISTORY_SOURCES
+    history = History(span=3600)
+    t0 = time.time()
+    sizes = []
+    for step in range(721):
+        sources = {f"s{n:04d}": SourceState(requests=step * (n % 97), rate_limit=1.0) for n in range(2000)}
+        history.add(t0 + 5 * step, None, sources)
+        if step in (360, 720):
+            sizes.append(len(json.dumps(list(history.samples))))
+    assert all(len(s["sources"]) <= HISTORY_SOURCES for s in history.samples)
+    assert len(history.samples) <= 120 + 100 + 2  # 10 minutes in full, 50 at one per 30 s
+    assert sizes[1] < 3_000_000 and sizes[1] < 1.5 * sizes[0], sizes  # levelled off, ~1 GiB before
+    assert history.samples[-1]["requests_rps"] == pytest.approx(sum(n % 97 for n in range(2000)) / 5)
+    assert history.achieved_rps("s0096") == 96 / 5  # every source's latest rate, busiest or not

@@ -70,8 +70,7 @@ function drawChart(svg, series, now, { width, height, labels }) {
 }
 
 function totalRequestsRps(sample) {
-  const rates = Object.values(sample.sources || {}).map(s => s.rps).filter(v => v !== null);
-  return rates.length ? rates.reduce((a, b) => a + b, 0) : null;
+  return sample.requests_rps === undefined ? null : sample.requests_rps;
 }
 
 function renderChart(now) {
