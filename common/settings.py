@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
@@ -18,6 +18,14 @@ DEFAULT_SOURCES_URL = "https://api.openverse.org/v1/images/stats/"
 DEFAULT_USER_AGENT = (
     "cc-image-crawler/1.0 (+https://github.com/cc-archive/image-crawler; polite image analysis bot)"
 )
+
+
+def default_body_budget() -> int:
+    """An eighth of the machine's memory for bodies downloaded and not yet analysed."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8
+    except (ValueError, OSError):  # not POSIX
+        return 1 << 30
 
 
 class SettingsError(ValueError):
@@ -45,6 +53,7 @@ class Settings:
     monitor_port: int = 8090
     shutdown_timeout: float = 30.0
     kafka_leave_group: bool = True
+    body_budget_bytes: int = field(default_factory=lambda: default_body_budget())
 
     def __post_init__(self) -> None:
         # Half a key pair is a mistake, not a request for some other identity: botocore's
@@ -89,6 +98,7 @@ class Settings:
             monitor_port=get("MONITOR_PORT", _int_in(0, 65535), d.monitor_port),
             shutdown_timeout=get("SHUTDOWN_TIMEOUT", _float_in(0, 3600), d.shutdown_timeout),
             kafka_leave_group=get("KAFKA_LEAVE_GROUP", _bool, d.kafka_leave_group),
+            body_budget_bytes=get("BODY_BUDGET_BYTES", _int_in(1 << 20, 2**48), d.body_budget_bytes),
         )
 
     def s3_client_kwargs(self) -> dict[str, str]:

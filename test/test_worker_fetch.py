@@ -342,3 +342,18 @@ async def test_a_name_that_does_not_resolve_is_a_connection_error() -> None:
     finally:
         await client.close()
     assert info.value.status == "ConnectionError"
+
+
+async def test_past_the_body_budget_a_download_waits_for_a_body_to_be_analysed(server, http) -> None:
+    """No token is spent and nothing is sent while the bodies in hand hold the budget."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    fetcher = Fetcher(http, AllowAllGate(), TokenBuckets(redis), 50_000, body_budget=1)
+    first = await fetcher.fetch(str(server.make_url("/image")), SOURCE)
+    second = asyncio.create_task(fetcher.fetch(str(server.make_url("/image")), SOURCE))
+    await asyncio.sleep(0.3)
+    assert not second.done() and len(server.app[USER_AGENTS]) == 1
+    first.body.release()  # the image pool is done with it
+    fetched = await asyncio.wait_for(second, 5)
+    assert fetched.body.bytes() == BODY and len(server.app[USER_AGENTS]) == 2
+    fetched.body.release()

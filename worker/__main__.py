@@ -48,7 +48,8 @@ async def run(settings: Settings) -> None:
         async with s3_thumbnails(settings) as thumbnails:
             rates: dict[str, float] = {}
             tokens = TokenBuckets(redis, rate_of=rates.get)
-            fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes)
+            fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes,
+                              body_budget=settings.body_budget_bytes)
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
             scheduler = Scheduler(KafkaFeed(consumer), redis, task.process, producer, tokens, rates,
                                   settings.max_tasks, settings.shutdown_timeout)

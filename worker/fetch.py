@@ -58,16 +58,21 @@ class FetchError(Exception):
 
 class Fetcher:
     def __init__(self, client: HttpClient, gate: RequestGate, tokens: TokenBuckets, max_bytes: int,
-                 total_timeout: float = TOTAL_TIMEOUT):
+                 total_timeout: float = TOTAL_TIMEOUT, body_budget: int | None = None):
+        """``body_budget``: bytes the bodies in hand (being received or waiting for the image
+        pool) may hold before a new download waits; None: no budget."""
         self._client = client
         self._gate = gate
         self._tokens = tokens
         self._max_bytes = max_bytes
         self._segments = SegmentPool(max_bytes + 1)  # one byte more shows a body over the cap
         self._total_timeout = total_timeout
+        self._body_budget = body_budget
 
     async def fetch(self, url: str, source: str) -> Fetched:
         waited = 0.0
+        if self._body_budget is not None:  # before a token is spent: waiting is not an outcome
+            await self._segments.wait_for_room(self._body_budget)
         try:
             for _hop in range(MAX_REDIRECTS + 1):
                 await self._gate.before_request(url, source)

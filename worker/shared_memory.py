@@ -17,6 +17,7 @@ memory whose bytes go to the pool through its socket.
 """
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import weakref
@@ -110,21 +111,40 @@ class Body:
 
 
 class SegmentPool:
-    """Idle segments kept for reuse, up to ``IDLE_SEGMENT_BYTES`` of backed memory."""
+    """Idle segments kept for reuse, up to ``IDLE_SEGMENT_BYTES`` of backed memory; and the
+    memory the segments in use hold, for the worker's byte budget (``wait_for_room``)."""
 
     def __init__(self, span: int):
         self.span = span
         self._idle: list[Segment] = []
         self._idle_bytes = 0
+        self._in_use: weakref.WeakSet[Segment] = weakref.WeakSet()  # one dropped unreturned cannot leak
+        self._returned = asyncio.Event()
 
     def take(self) -> Segment:
         if self._idle:
             segment = self._idle.pop()
             self._idle_bytes -= segment.backed
-            return segment
-        return Segment(self.span)
+        else:
+            segment = Segment(self.span)
+        self._in_use.add(segment)
+        return segment
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory backing the bodies being received or waiting for the image pool."""
+        return sum(segment.backed for segment in self._in_use)
+
+    async def wait_for_room(self, budget: int) -> None:
+        """Until the bodies in hand hold less than ``budget`` bytes: a worker whose image
+        pool falls behind stops downloading instead of piling up bodies."""
+        while self.held_bytes >= budget:
+            self._returned.clear()
+            await self._returned.wait()
 
     def give_back(self, segment: Segment) -> None:
+        self._in_use.discard(segment)
+        self._returned.set()
         if self._idle_bytes + segment.backed <= IDLE_SEGMENT_BYTES:
             self._idle.append(segment)
             self._idle_bytes += segment.backed
