@@ -299,8 +299,9 @@ async def test_chunked_one_huge_chunk(serve, client):
 
 
 async def test_chunk_extensions_uppercase_hex_and_trailers(serve, client):
+    # no whitespace around the ";": llhttp (strict) refuses it, so we do too
     body = (b"5;name=value\r\nhello\r\n"
-            b"00B ; ext ; quoted=\"a;b\"\r\n world, 123\r\n"
+            b"00B;ext;quoted=\"a;b\"\r\n world, 123\r\n"
             b"0;last\r\nX-Checksum: abc\r\nX-Other: 1\r\n\r\n")
     server = await serve(respond(CHUNKED_HEAD + body))
     response, data = await fetch(client, server.url())
@@ -392,7 +393,8 @@ async def test_declared_length_over_the_cap_fails_before_reading(serve, client):
 @pytest.mark.parametrize("answer, close", [
     (CHUNKED_HEAD + chunked(*[b"c" * 1000] * (MAX // 1000 + 2)), False),
     (CHUNKED_HEAD + chunked(b"c" * (MAX + 1)), False),
-    (CHUNKED_HEAD + b"FFFFFFFFFFFFFFF\r\n", False),  # announced only: must not be waited for
+    # llhttp does not tell a chunk's size: the cap stops the bytes as they arrive
+    (CHUNKED_HEAD + b"FFFFFFFFFFFFFFF\r\n" + b"c" * (MAX + 1), False),
     (head("HTTP/1.1 200 OK") + b"u" * (MAX + 1), True),
     (head("HTTP/1.1 200 OK") + b"u" * (4 * MAX), True),
 ], ids=["chunks-grow", "one-chunk", "huge-chunk-size", "until-close-one-over", "until-close-far-over"])
@@ -452,9 +454,11 @@ async def test_untrustworthy_content_length_is_bad_response(serve, client, lengt
 
 
 @pytest.mark.parametrize("lengths", [["5, 5"], ["5", "5"], [" 5 ", "5,5"]], ids=["list", "two", "spaces"])
-async def test_repeated_identical_content_length_is_fine(serve, client, lengths):
+async def test_repeated_identical_content_length_is_bad_response(serve, client, lengths):
+    # RFC 9110 lets a recipient take them; llhttp refuses them, and so do we
     server = await serve(respond(head("HTTP/1.1 200 OK", *[f"Content-Length: {v}" for v in lengths]) + b"hello"))
-    assert (await fetch(client, server.url()))[1] == b"hello"
+    with pytest.raises(BadResponse):
+        await fetch(client, server.url())
 
 
 @pytest.mark.parametrize("codings", [["gzip"], ["gzip, chunked"], ["chunked, chunked"], ["chunked", "gzip"],
@@ -466,12 +470,12 @@ async def test_transfer_codings_other_than_chunked_are_bad_response(serve, clien
         await fetch(client, server.url())
 
 
-async def test_content_length_with_chunked_is_read_chunked_and_not_reused(serve, client):
+async def test_content_length_with_chunked_is_bad_response(serve, client):
+    # framing that two parsers could read two ways: llhttp refuses it, and so do we
     answer = head("HTTP/1.1 200 OK", "Content-Length: 3", "Transfer-Encoding: chunked") + chunked(b"hello", b"!")
     server = await serve(respond(answer))
-    assert (await fetch(client, server.url()))[1] == b"hello!"
-    assert (await fetch(client, server.url()))[1] == b"hello!"
-    assert server.accepts == 2  # framing that two parsers could read two ways: never reused
+    with pytest.raises(BadResponse):
+        await fetch(client, server.url())
 
 
 async def test_head_that_never_ends_is_bad_response_in_bounded_memory(serve, client):
