@@ -18,6 +18,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import threading
 import time
 import tracemalloc
 import zlib
@@ -655,6 +656,37 @@ async def test_corrupt_gzip_is_bad_response(serve, client, body):
         await fetch(client, server.url())
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_every_gzip_member_is_decoded(serve, client, framing):
+    first, second = noise(5000, seed=9), noise(7000, seed=10)
+    packed = gzip.compress(first) + gzip.compress(second)  # what `cat a.gz b.gz` gives
+    answer = (ok(packed, "Content-Encoding: gzip") if framing == "content-length" else
+              head("HTTP/1.1 200 OK", "Transfer-Encoding: chunked", "Content-Encoding: gzip")
+              + chunked(packed[:3000], packed[3000:]))
+    server = await serve(respond(answer))
+    assert (await fetch(client, server.url()))[1] == first + second
+
+
+@pytest.mark.parametrize("encoding, body", [
+    ("gzip", gzip.compress(b"an image" * 100) + b"trailing garbage"),
+    ("gzip", gzip.compress(b"an image" * 100) + b"\x1f"),
+    ("gzip", gzip.compress(b"an image" * 100) + gzip.compress(b"cut")[:-3]),
+    ("deflate", zlib.compress(b"an image" * 100) + b"x"),
+    ("deflate", zlib.compress(b"an image" * 100)[2:-4] + b"xyz"),  # raw deflate, then bytes
+], ids=["gzip-garbage", "gzip-one-byte", "gzip-cut-second-member", "zlib-garbage", "raw-garbage"])
+async def test_bytes_after_the_compressed_stream_are_bad_response(serve, client, encoding, body):
+    server = await serve(respond(ok(body, f"Content-Encoding: {encoding}")))
+    with pytest.raises(BadResponse):
+        await fetch(client, server.url())
+
+
+async def test_gzip_bomb_in_many_members_is_too_large(serve, client):
+    member = gzip.compress(b"\0" * (MAX // 4))
+    server = await serve(respond(ok(member * 8, "Content-Encoding: gzip")))
+    with pytest.raises(BodyTooLarge):
+        await fetch(client, server.url())
+
+
 # --- 12. URLs that must not become requests ---------------------------------------
 @pytest.mark.parametrize("url", ["ftp://127.0.0.1/a.jpg", "file:///etc/passwd", "http:///a.jpg",
                                  "http://a b.example/", "data:image/png;base64,AAAA"])
@@ -830,6 +862,45 @@ async def test_tls_bodies_land_in_shared_memory_on_a_kept_connection(serve, cert
     finally:
         await trusting.close()
         server.close()
+
+
+def _tls_server(certificate: tuple[str, str], answer: bytes, close_notify: bool) -> socket.socket:
+    """A listening socket whose one connection gets ``answer`` over TLS, then the end of the
+    stream: with close_notify (``unwrap``), or as a bare TCP FIN, as a cut would look."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_one() -> None:
+        connection, _ = listener.accept()
+        with context.wrap_socket(connection, server_side=True) as tls:
+            tls.recv(65536)
+            tls.sendall(answer)
+            if close_notify:
+                tls.unwrap().close()
+            else:
+                tls.shutdown(socket.SHUT_RDWR)  # SSLSocket.shutdown: TCP only, no close_notify
+
+    threading.Thread(target=serve_one, daemon=True).start()
+    return listener
+
+
+@pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "bare-fin"])
+async def test_tls_body_until_close_needs_close_notify(certificate, close_notify):
+    data = noise(200_000, seed=11)
+    listener = _tls_server(certificate, head("HTTP/1.1 200 OK") + data, close_notify)
+    trusting = HttpClient(USER_AGENT, timeouts=Timeouts(connect=2.0, read=2.0),
+                          ssl_context=ssl.create_default_context(cafile=certificate[0]))
+    url = f"https://127.0.0.1:{listener.getsockname()[1]}/a.jpg"
+    try:
+        if close_notify:
+            assert (await fetch(trusting, url, 1 << 20))[1] == data
+        else:
+            with pytest.raises(Disconnected):  # retried, never stored as a whole image
+                await fetch(trusting, url, 1 << 20)
+    finally:
+        await trusting.close()
+        listener.close()
 
 
 # --- 15. segments go back to the pool ---------------------------------------------

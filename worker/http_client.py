@@ -201,6 +201,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self.eof = False
+        self.clean_eof = False        # the peer ended its stream, with close_notify over TLS
         self.error: BaseException | None = None
         self.received_any = False     # in the current exchange
         self.idle_since = 0.0
@@ -240,6 +241,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self.eof = True
+        self.clean_eof = _closed_cleanly(self.transport)
         self._wake()
         return False  # close the transport
 
@@ -347,6 +349,20 @@ class _Connection(asyncio.BufferedProtocol):
         self.eof = True
 
 
+def _closed_cleanly(transport: asyncio.BaseTransport) -> bool:
+    """Whether the peer ended its stream on purpose. asyncio calls ``eof_received`` both for a
+    TLS close_notify and for a bare TCP FIN (which an attacker or a middlebox can forge to cut a
+    body short); only after a close_notify does the TLS object read as ended (b"") instead of
+    wanting more bytes."""
+    tls = transport.get_extra_info("ssl_object")
+    if tls is None:
+        return True
+    try:
+        return tls.read(1) == b""
+    except ssl.SSLError:
+        return False
+
+
 @dataclass
 class Response:
     version: int  # the minor version: 0 or 1
@@ -409,8 +425,9 @@ class Response:
             if offset > max_bytes:
                 raise BodyTooLarge(offset)
             if got < len(window):  # the connection ended: the end of the body if cleanly closed
-                if connection.error is not None:
-                    raise Disconnected(f"reset after {offset} bytes: {connection.error!r}")
+                if connection.error is not None or not connection.clean_eof:
+                    reason = repr(connection.error) if connection.error else "no TLS close_notify"
+                    raise Disconnected(f"cut after {offset} bytes: {reason}")
                 return offset
 
     async def _read_chunked(self, segment: Segment, max_bytes: int) -> int:
@@ -621,7 +638,7 @@ def _decoded(body: Body, headers: CIMultiDictProxy[str], max_bytes: int) -> Body
             if encoding != "deflate":
                 raise
             data = _decompress(body.bytes(), -zlib.MAX_WBITS, max_bytes + 1)  # raw, by that name
-    except (zlib.error, EOFError) as exc:
+    except (zlib.error, EOFError, ValueError) as exc:
         raise BadResponse(f"bad {encoding} body: {exc}") from None
     finally:
         body.release()
@@ -631,9 +648,21 @@ def _decoded(body: Body, headers: CIMultiDictProxy[str], max_bytes: int) -> Body
 
 
 def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
-    """At most ``limit`` bytes of the decoded stream; EOFError if it is cut short."""
-    decoder = zlib.decompressobj(wbits)
-    out = decoder.decompress(data, limit)
-    if not decoder.eof and len(out) < limit:
-        raise EOFError("the stream ends early")
-    return out
+    """At most ``limit`` bytes of the decoded stream, every gzip member of it (a decoder stops
+    after the first, and the rest of the image would be lost without a word); EOFError if it is
+    cut short, ValueError if anything but another gzip member follows it."""
+    parts, room = [], limit
+    while True:
+        decoder = zlib.decompressobj(wbits)
+        parts.append(decoder.decompress(data, room))
+        room -= len(parts[-1])
+        if room <= 0:
+            break
+        if not decoder.eof:
+            raise EOFError("the stream ends early")
+        data = decoder.unused_data
+        if not data:
+            break
+        if wbits != _GZIP:
+            raise ValueError(f"{len(data)} bytes after the stream")
+    return b"".join(parts)
