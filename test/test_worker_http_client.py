@@ -857,6 +857,12 @@ async def test_tls_bodies_land_in_shared_memory_on_a_kept_connection(serve, cert
             _response, received = await fetch(trusting, f"https://127.0.0.1:{port}/a.jpg", 4 << 20)
             assert received == body
         assert accepted == 1
+        answer = CHUNKED_HEAD + chunked(*[body[i:i + 65536] for i in range(0, len(body), 65536)])
+        chunked_server = await asyncio.start_server(respond(answer), "127.0.0.1", 0, ssl=server_context)
+        chunked_url = f"https://127.0.0.1:{chunked_server.sockets[0].getsockname()[1]}/a.jpg"
+        for _ in range(2):  # and chunked bodies, through the shared stream buffer
+            assert (await fetch(trusting, chunked_url, 4 << 20))[1] == body
+        chunked_server.close()
         with pytest.raises(ssl.SSLCertVerificationError):  # the system's roots do not trust it
             await fetch(HttpClient(USER_AGENT), f"https://127.0.0.1:{port}/a.jpg", 4 << 20)
     finally:

@@ -35,6 +35,7 @@ import ipaddress
 import re
 import socket
 import ssl
+import threading
 import time
 import zlib
 from collections import defaultdict, deque
@@ -49,7 +50,7 @@ from yarl import URL
 from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_BYTES,
                               HTTP_MAX_HEADERS, HTTP_MAX_IDLE_CONNECTIONS,
                               HTTP_MAX_INTERIM_RESPONSES, HTTP_MAX_LENGTH_DIGITS, HTTP_SCRATCH_BYTES,
-                              READ_TIMEOUT)
+                              HTTP_STREAM_BUFFER_BYTES, READ_TIMEOUT)
 from worker.politeness.addresses import system_resolve
 from worker.shared_memory import Body, Segment, SegmentPool
 
@@ -195,8 +196,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._pending = bytearray()   # received, not yet consumed
         self._target: memoryview | None = None
         self._filled = 0
-        self._consumer: Callable[[memoryview], None] | None = None  # takes bytes as they arrive
-        self._consumer_error: BaseException | None = None
+        self._stream: _Exchange | None = None  # takes the bytes as they arrive
+        self._stream_error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
@@ -213,6 +214,8 @@ class _Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is not None:
             return self._target[self._filled:]
+        if self._stream is not None:
+            return _stream_buffer()
         return self._scratch_view
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -224,8 +227,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self._target = None
                 self._wake()
             return
-        if self._consumer is not None:
-            self._consume(self._scratch_view[:nbytes])
+        if self._stream is not None:
+            self._consume(_stream_buffer()[:nbytes])
             return
         self._pending += self._scratch_view[:nbytes]
         if len(self._pending) > HTTP_MAX_HEAD_BYTES + HTTP_SCRATCH_BYTES:
@@ -233,11 +236,16 @@ class _Connection(asyncio.BufferedProtocol):
         self._wake()
 
     def _consume(self, data: memoryview) -> None:
+        """Feeds llhttp at once, so the stream buffer is free again when this returns; wakes
+        the reader only at the end (silence is timed from ``_last_data`` all the same)."""
         try:
-            self._consumer(data)
+            self._stream.feed(data)
         except Exception as exc:  # for the reader to raise; a transport callback must not
-            self._consumer, self._consumer_error = None, exc
-        self._wake()
+            self._stream, self._stream_error = None, exc
+            self._wake()
+            return
+        if self._stream.complete:
+            self._wake()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -321,21 +329,20 @@ class _Connection(asyncio.BufferedProtocol):
         return self._filled
 
     async def stream(self, exchange: _Exchange) -> None:
-        """Feeds llhttp every byte as it arrives (from the scratch buffer, never gathered)
-        until the response is complete."""
+        """Feeds llhttp every byte as it arrives (never gathered) until the response is complete."""
         if self._pending:
             pending, self._pending = self._pending, bytearray()
             exchange.feed(pending)
-        self._consumer, self._consumer_error = exchange.feed, None
+        self._stream, self._stream_error = exchange, None
         try:
             while not exchange.complete:
-                if self._consumer_error is not None:
-                    raise self._consumer_error
+                if self._stream_error is not None:
+                    raise self._stream_error
                 if self.eof:
                     raise self._ended()
                 await self._wait()
         finally:
-            self._consumer = None
+            self._stream = None
 
     # --- lifecycle ---
     @property
@@ -347,6 +354,20 @@ class _Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
         self.eof = True
+
+
+_stream_buffers = threading.local()
+
+
+def _stream_buffer() -> memoryview:
+    """The receive buffer of chunked bodies, one per thread (so per event loop) for all its
+    connections: llhttp consumes each read before the next one starts. A large one means
+    fewer reads and loop turns per body: through the 64 KiB scratch buffer a chunked 3.5 MB
+    body cost 1.8-2.5 ms of CPU, 1.3-2.0 through this one (Content-Length: 1.0-1.3)."""
+    buffer = getattr(_stream_buffers, "view", None)
+    if buffer is None:
+        buffer = _stream_buffers.view = memoryview(bytearray(HTTP_STREAM_BUFFER_BYTES))
+    return buffer
 
 
 def _closed_cleanly(transport: asyncio.BaseTransport) -> bool:
