@@ -125,8 +125,8 @@ class _Exchange:
             if self.complete and self.final:
                 self.surplus = True  # the response is whole; what came after is not read
                 return
-            if isinstance(exc.__context__, Exception):
-                raise exc.__context__ from None
+            if isinstance(exc, httptools.HttpParserCallbackError) and exc.__context__ is not None:
+                raise exc.__context__ from None  # BadResponse, BodyTooLarge, SegmentUnavailable
             raise BadResponse(f"llhttp: {exc}") from None
 
     # --- llhttp's callbacks ---
@@ -182,8 +182,9 @@ class _SegmentWriter:
 
 
 class _Connection(asyncio.BufferedProtocol):
-    """One socket. Reads land in a scratch buffer (heads, chunked bodies) or, while a caller
-    waits in ``read_into``, straight into the caller's memory."""
+    """One socket. Reads land in a scratch buffer (heads), in the thread's stream buffer while
+    llhttp takes a chunked body (``stream``) or, while a caller waits in ``read_into``,
+    straight into the caller's memory."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float):
         self._loop = loop
