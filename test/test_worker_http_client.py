@@ -312,6 +312,14 @@ async def test_chunk_extensions_uppercase_hex_and_trailers(serve, client):
     assert server.accepts == 1  # the trailers were consumed to the final CRLF
 
 
+@pytest.mark.parametrize("after", [b"GARBAGE", ok(b"unasked")], ids=["garbage", "a-second-response"])
+async def test_bytes_after_a_chunked_body_leave_it_whole_but_the_connection_unused(serve, client, after):
+    server = await serve(respond(CHUNKED_HEAD + chunked(b"hello") + after))
+    assert (await fetch(client, server.url()))[1] == b"hello"
+    assert (await fetch(client, server.url()))[1] == b"hello"
+    assert server.accepts == 2  # what followed was nobody's answer: never read as the next one
+
+
 async def test_too_many_trailers_is_bad_response(serve, client):
     trailers = b"".join(b"X-T%d: v\r\n" % i for i in range(129))
     server = await serve(respond(CHUNKED_HEAD + chunked(b"hello", trailers=trailers)))
