@@ -10,20 +10,28 @@ side by side in one run:
 - worker: ``ImageTask.process`` per URL (fetch with tokens and gate, the
   process pool's ``analyze``, thumbnail store, Kafka messages, Redis stats);
 - download: plain GETs of the same URLs in the same process, by the worker's
-  client into shared memory, and by aiohttp for comparison; and by curl (C,
-  to /dev/null, one keep-alive connection): the least CPU a client pays to
-  receive the bytes on this machine, kernel included (shown for scale).
+  client into shared memory (the same bytes with ``Content-Length`` and
+  chunked in 64 KiB chunks, side by side: llhttp parses the chunked framing,
+  a Content-Length body is received straight into the segment), and by
+  aiohttp for comparison; and by curl (C, to /dev/null, one keep-alive
+  connection): the least CPU a client pays to receive the bytes on this
+  machine, kernel included (shown for scale). ``--compare FILE`` adds another
+  version of ``worker/http_client.py`` (a copy of an older one, say) as one
+  more contender on the Content-Length URLs, measured in the same rounds.
 
 Kafka, Redis and S3 are in-memory stand-ins by default, so "CPU outside the
 image work" (the worker process's own CPU per image; the pool's CPU is not
 counted) measures the worker's code; ``--stack`` uses the real clients on a
-local stack instead. Targets: worker rate >= 90% of bare on the 1 and 12 MP
-corpora; <= 2 ms CPU per image outside the image work.
+local stack instead; ``--downloads`` measures the downloads alone (quick).
+Targets: worker rate >= 90% of bare on the 1 and 12 MP corpora; <= 2 ms CPU per
+image outside the image work; a chunked body costs at most 1.5x the same body
+with Content-Length.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import io
 import os
 import shutil
@@ -104,17 +112,30 @@ def camera_like(photo: Image.Image, pixels: float) -> Image.Image:
 # The stand-in for the web: keep-alive HTTP/1.1, bodies by sendfile. It shares the machine's
 # cores with the contenders, and only the worker's side pays for it, so it must cost little:
 # aiohttp's static files cost 0.7-1.8 ms of CPU per image here, more than the worker itself.
+# Under /chunked/ the same files go out chunked, 64 KiB a chunk, framed in advance.
 SERVER = """
 import asyncio, os, sys
 from pathlib import Path
 root = Path(sys.argv[1])
 files = {"/" + p.relative_to(root).as_posix(): open(p, "rb") for p in root.rglob("*") if p.is_file()}
+CHUNK = 64 << 10
+
+def chunked(data):
+    pieces = [b"%x\\r\\n%s\\r\\n" % (len(data[i:i + CHUNK]), data[i:i + CHUNK])
+              for i in range(0, len(data), CHUNK)]
+    return b"HTTP/1.1 200 OK\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n" + b"".join(pieces) + b"0\\r\\n\\r\\n"
+
+framed = {"/chunked" + path: chunked(Path(file.name).read_bytes()) for path, file in files.items()}
 
 async def serve(reader, writer):
     loop = asyncio.get_running_loop()
     try:
         while True:
             path = (await reader.readuntil(b"\\r\\n\\r\\n")).split(b" ", 2)[1].decode()
+            if path in framed:
+                writer.write(framed[path])
+                await writer.drain()
+                continue
             file = files.get(path)
             size = os.fstat(file.fileno()).st_size if file else 0
             writer.write(b"HTTP/1.1 %s\\r\\nContent-Length: %d\\r\\n\\r\\n"
@@ -182,18 +203,37 @@ async def run_download(get: Callable[[str], Awaitable[None]], urls: list[str], s
     return done, time.process_time() - cpu_started
 
 
-def downloads(client: HttpClient, session: aiohttp.ClientSession) -> dict[str, Callable[[str], Awaitable[None]]]:
+Get = Callable[[str], Awaitable[None]]
+
+
+def downloads(clients: dict[str, HttpClient], session: aiohttp.ClientSession) -> dict[str, tuple[Get, str]]:
+    """Contender -> (get, URL prefix): each of ``clients`` on the Content-Length URLs, ours on
+    the chunked ones too, and aiohttp."""
     segments = SegmentPool(MAX_BYTES + 1)
 
-    async def ours(url: str) -> None:
-        async with client.get(url) as response:
-            (await response.read_body(segments, MAX_BYTES)).release()
+    def into_segments(client: HttpClient) -> Get:
+        async def get(url: str) -> None:
+            async with client.get(url) as response:
+                (await response.read_body(segments, MAX_BYTES)).release()
+        return get
 
     async def with_aiohttp(url: str) -> None:
         async with session.get(url) as response:
             async for _chunk in response.content.iter_any():  # no join: the least aiohttp does
                 pass
-    return {"ours": ours, "aiohttp": with_aiohttp}
+    contenders = {f"{name} CL": (into_segments(client), "") for name, client in clients.items()}
+    contenders["ours chunked"] = (into_segments(clients["ours"]), "/chunked")
+    contenders["aiohttp"] = (with_aiohttp, "")
+    return contenders
+
+
+def compared_client(path: str) -> type[HttpClient]:
+    """``HttpClient`` from another copy of worker/http_client.py, for a before/after in one run."""
+    spec = importlib.util.spec_from_file_location("compared_http_client", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.HttpClient
 
 
 def curl_download(urls: list[str], count: int) -> tuple[int, float]:
@@ -273,10 +313,13 @@ async def main_async(args: argparse.Namespace) -> None:
             redis, producer, thumbnails = await sinks(stack, args.stack)
             session = await stack.enter_async_context(aiohttp.ClientSession())
             await _wait_for_server(session, port)
-            client = HttpClient("bench")
-            stack.push_async_callback(client.close)
-            fetcher = Fetcher(client, AllowAllGate(), TokenBuckets(redis), MAX_BYTES)
-            plain = downloads(client, session)
+            clients = {"ours": HttpClient("bench")}
+            if args.compare:
+                clients["compared"] = compared_client(args.compare)("bench")
+            for one in clients.values():
+                stack.push_async_callback(one.close)
+            fetcher = Fetcher(clients["ours"], AllowAllGate(), TokenBuckets(redis), MAX_BYTES)
+            plain = downloads(clients, session)
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis),
                              Settings(target_resolution=TARGET))
             list(executor.map(bare, [(folder / paths["icons"][0]).read_bytes()] * processes))  # warm up
@@ -288,39 +331,46 @@ async def main_async(args: argparse.Namespace) -> None:
                 bare_n = bare_s = worker_n = worker_s = worker_cpu = server_cpu = 0.0
                 download = {name: [0, 0.0] for name in (*plain, "curl")}  # images, CPU seconds
                 for _round in range(ROUNDS):
-                    n, seconds = run_bare(executor, blobs, args.seconds / ROUNDS)
-                    bare_n, bare_s = bare_n + n, bare_s + seconds
-                    server_started = proc_cpu([server.pid])
-                    n, seconds, cpu = await run_worker(task, urls, args.seconds / ROUNDS,
-                                                       processes * CONCURRENCY_PER_PROCESS)
-                    worker_n, worker_s, worker_cpu = worker_n + n, worker_s + seconds, worker_cpu + cpu
-                    server_cpu += proc_cpu([server.pid]) - server_started
-                    for name, get in plain.items():
-                        n, cpu = await run_download(get, urls, args.seconds / ROUNDS / 8,
-                                                    processes * CONCURRENCY_PER_PROCESS)
+                    if not args.downloads:
+                        n, seconds = run_bare(executor, blobs, args.seconds / ROUNDS)
+                        bare_n, bare_s = bare_n + n, bare_s + seconds
+                        server_started = proc_cpu([server.pid])
+                        n, seconds, cpu = await run_worker(task, urls, args.seconds / ROUNDS,
+                                                           processes * CONCURRENCY_PER_PROCESS)
+                        worker_n, worker_s, worker_cpu = worker_n + n, worker_s + seconds, worker_cpu + cpu
+                        server_cpu += proc_cpu([server.pid]) - server_started
+                    for name, (get, prefix) in plain.items():
+                        n, cpu = await run_download(get, [f"http://127.0.0.1:{port}{prefix}/{name}" for name in names],
+                                                    args.seconds / ROUNDS / 8, processes * CONCURRENCY_PER_PROCESS)
                         download[name][0] += n
                         download[name][1] += cpu
-                    n, cpu = curl_download(urls, max(8, int(download["ours"][0] / (_round + 1))))
+                    n, cpu = curl_download(urls, max(8, int(download["ours CL"][0] / (_round + 1))))
                     download["curl"][0] += n
                     download["curl"][1] += cpu
-                bare_rate, rate = bare_n / bare_s, worker_n / worker_s
+                nan = float("nan")
+                bare_rate, rate = bare_n / bare_s if bare_s else nan, worker_n / worker_s if worker_s else nan
                 mean_kb = sum(map(len, blobs)) / len(blobs) / 1024
-                rows.append((corpus, mean_kb, bare_rate, rate, rate / bare_rate, worker_cpu * 1000 / worker_n,
-                             *(cpu * 1000 / n for n, cpu in download.values()),
-                             server_cpu * 1000 / worker_n, int(worker_n)))
+                rows.append((corpus, mean_kb, bare_rate, rate, rate / bare_rate,
+                             worker_cpu * 1000 / worker_n if worker_n else nan,
+                             {name: cpu * 1000 / n for name, (n, cpu) in download.items()},
+                             server_cpu * 1000 / worker_n if worker_n else nan, int(worker_n)))
     finally:
         pool.close()
         executor.shutdown()
         server.terminate()
         server.wait()
     print(f"\npool processes: {processes}; sinks: {'local stack (real clients)' if args.stack else 'in-memory'}; "
-          f"load average before: {os.getloadavg()[0]:.2f}")
+          f"load average before: {os.getloadavg()[0]:.2f}"
+          + (f"; compared: {args.compare}" if args.compare else ""))
+    contenders = list(rows[0][6])
     print(f"{'corpus':<8}{'mean KB':>9}{'bare img/s':>12}{'worker img/s':>14}{'ratio':>8}"
-          f"{'worker CPU ms/img':>19}{'download: ours':>16}{'aiohttp':>9}{'curl':>6}{'site CPU ms/img':>17}"
-          f"{'images':>8}")
-    for corpus, kb, bare_rate, rate, ratio, cpu_ms, ours_ms, aiohttp_ms, curl_ms, server_ms, done in rows:
+          f"{'worker CPU ms/img':>19}" + "".join(f"{name:>{max(len(name) + 2, 8)}}" for name in contenders)
+          + f"{'site CPU ms/img':>17}{'images':>8}")
+    print(f"{'':<70}(download CPU ms/img)")
+    for corpus, kb, bare_rate, rate, ratio, cpu_ms, download_ms, server_ms, done in rows:
         print(f"{corpus:<8}{kb:>9.0f}{bare_rate:>12.1f}{rate:>14.1f}{ratio:>8.0%}{cpu_ms:>19.2f}"
-              f"{ours_ms:>16.2f}{aiohttp_ms:>9.2f}{curl_ms:>6.2f}{server_ms:>17.2f}{done:>8}")
+              + "".join(f"{download_ms[name]:>{max(len(name) + 2, 8)}.2f}" for name in contenders)
+              + f"{server_ms:>17.2f}{done:>8}")
 
 
 async def _wait_for_server(session: aiohttp.ClientSession, port: int) -> None:
@@ -337,6 +387,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stack", action="store_true", help="real Kafka, Redis and S3 on a local stack")
     parser.add_argument("--seconds", type=float, default=8.0, help="per corpus and contender")
+    parser.add_argument("--downloads", action="store_true", help="the downloads alone, not bare or worker")
+    parser.add_argument("--compare", metavar="FILE", help="another worker/http_client.py, as one more client")
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -49,9 +49,11 @@ IMAGE_PROCESS_NICENESS = 10
 # up to this much backed memory in all.
 SEGMENT_STEP = 1 << 20
 IDLE_SEGMENT_BYTES = 128 << 20
-HTTP_SCRATCH_BYTES = 64 << 10      # receive buffer for heads and chunk framing
+HTTP_SCRATCH_BYTES = 64 << 10      # receive buffer for heads, one per connection
+HTTP_STREAM_BUFFER_BYTES = 1 << 20 # receive buffer of chunked bodies, one for all connections
 HTTP_MAX_HEAD_BYTES = 64 << 10     # a longer response head is refused (BadResponse)
 HTTP_MAX_HEADERS = 128             # and so is one with more header lines
+HTTP_MAX_LENGTH_DIGITS = 15        # a longer Content-Length (a petabyte and more) is a lie: BadResponse
 HTTP_MAX_INTERIM_RESPONSES = 8     # 1xx answers skipped before the real one; more is BadResponse
 HTTP_IDLE_SECONDS = 15.0           # an idle keep-alive connection is dropped after this (aiohttp's default)
 HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts together
