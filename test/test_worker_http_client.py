@@ -221,6 +221,18 @@ async def test_connection_header_and_version_decide_reuse(serve, client, answer,
     assert server.accepts == connections
 
 
+async def test_idle_connections_are_closed_by_a_timer_without_further_traffic(serve, client, monkeypatch):
+    """A crawl that stops must not leave keep-alive sockets open until the next request."""
+    from worker import http_client
+    monkeypatch.setattr(http_client, "HTTP_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(http_client, "IDLE_SWEEP_SECONDS", 0.1)
+    server = await serve(respond(ok(b"body")))
+    assert (await fetch(client, server.url()))[1] == b"body"
+    assert client._idle_count == 1
+    await asyncio.sleep(0.6)
+    assert client._idle_count == 0 and all(w.is_closing() or w.transport.is_closing() for w in server._writers)
+
+
 # --- 3. stale connections --------------------------------------------------------
 @pytest.mark.parametrize("pause", [0.0, 0.05], ids=["at-once", "after-idle"])
 async def test_connection_closed_by_server_while_idle_is_replaced(serve, client, pause):

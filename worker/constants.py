@@ -56,6 +56,7 @@ HTTP_MAX_HEADERS = 128             # and so is one with more header lines
 HTTP_MAX_LENGTH_DIGITS = 15        # a longer Content-Length (a petabyte and more) is a lie: BadResponse
 HTTP_MAX_INTERIM_RESPONSES = 8     # 1xx answers skipped before the real one; more is BadResponse
 HTTP_IDLE_SECONDS = 15.0           # an idle keep-alive connection is dropped after this (aiohttp's default)
+IDLE_SWEEP_SECONDS = 5.0           # how often a timer looks for them: none stays idle past 20 s
 HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts together
 
 # --- Statistics (worker/stats.py) ---------------------------------------------

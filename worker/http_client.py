@@ -47,7 +47,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_BYTES,
+from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_BYTES, IDLE_SWEEP_SECONDS,
                               HTTP_MAX_HEADERS, HTTP_MAX_IDLE_CONNECTIONS,
                               HTTP_MAX_INTERIM_RESPONSES, HTTP_MAX_LENGTH_DIGITS, HTTP_SCRATCH_BYTES,
                               HTTP_STREAM_BUFFER_BYTES, READ_TIMEOUT)
@@ -474,6 +474,7 @@ class HttpClient:
         self._idle: dict[tuple[str, str, int], deque[_Connection]] = defaultdict(deque)
         self._idle_count = 0
         self._next_sweep = 0.0
+        self._sweeper: asyncio.TimerHandle | None = None  # pending while connections are idle
         self._closed = False
 
     @asynccontextmanager
@@ -532,6 +533,14 @@ class HttpClient:
         connection.idle_since = time.monotonic()
         self._idle[origin].append(connection)
         self._idle_count += 1
+        if self._sweeper is None:  # a timer, so a crawl that stops leaves no sockets open
+            self._sweeper = asyncio.get_running_loop().call_later(IDLE_SWEEP_SECONDS, self._timed_sweep)
+
+    def _timed_sweep(self) -> None:
+        self._sweeper = None
+        self._sweep()
+        if self._idle_count and not self._closed:
+            self._sweeper = asyncio.get_running_loop().call_later(IDLE_SWEEP_SECONDS, self._timed_sweep)
 
     def _sweep(self) -> None:
         """Drops idle connections that expired or that their servers closed."""
@@ -583,6 +592,8 @@ class HttpClient:
 
     async def close(self) -> None:
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()
