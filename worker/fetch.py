@@ -24,7 +24,7 @@ from urllib.parse import urljoin
 
 from redis.exceptions import RedisError
 
-from common.contracts import InvalidMessage, validate_url
+from common.contracts import REASON_INVALID_URL, InvalidMessage, validate_url
 from common.jsonlog import log_event
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
 from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient
@@ -139,8 +139,8 @@ def _classify(exc: Exception, waited: float) -> FetchError:
         name = "ServerDisconnected"
     elif isinstance(exc, BadResponse):
         name = "BadResponse"
-    elif isinstance(exc, ValueError):
-        name = "InvalidURL"
+    elif isinstance(exc, ValueError):  # common.hosts.InvalidHost among them
+        name = REASON_INVALID_URL
     else:
         log_event("fetch_unexpected_error", error=repr(exc))
         name = type(exc).__name__
