@@ -289,6 +289,7 @@ async def test_a_forbidden_spelling_is_never_connected_to(world, spelling):
     site, net, session, client, fetcher = world
     url = f"http://{spelling[1]}:{net.site_port}/x.jpg"
     results = {"fetcher": await outcome(fetcher, url)}
+    assert net.forbidden_connects() == [], f"through the whole fetcher: {results}"
     assert results["fetcher"] in REFUSALS
     assert net.names_connected_unjudged() == set()
     assert site.hits == []
@@ -304,16 +305,19 @@ async def test_a_redirect_to_a_forbidden_spelling_is_never_followed(world, spell
     target = f"http://{spelling[1]}:{net.site_port}/x.jpg"
     site.pages["/hop"] = Page(302, headers={"Location": target})
     first = f"http://public.test:{net.site_port}/hop"
-    assert await outcome(fetcher, first) in REFUSALS
+    result = await outcome(fetcher, first)
+    assert net.forbidden_connects() == [], f"through the whole fetcher: {result}"
+    assert result in REFUSALS
     assert net.names_connected_unjudged() == set()
     # robots.txt redirected to the spelling: with the guard, and with the connector alone
     site.pages["/robots.txt"] = Page(301, headers={"Location": target})
     origin = f"http://public.test:{net.site_port}"
     guarded = AddressGuard(resolve=net.guard_resolve)
     assert (await fetch_robots(session, origin, guarded)).verdict == DISALLOW_ALL
+    assert net.forbidden_connects() == [], "robots.txt, guarded"
     assert {hit.path for hit in site.hits} <= {"/hop", "/robots.txt"}
-    await fetch_robots(session, origin, AddressGuard(enabled=False))  # the connector alone
-    assert net.forbidden_connects() == []
+    await fetch_robots(session, origin, AddressGuard(enabled=False))
+    assert net.forbidden_connects() == [], "robots.txt, the connector alone"
 
 
 @pytest.mark.parametrize("authority", PUBLIC_SPELLINGS, ids=lambda a: a.encode("unicode_escape").decode())
