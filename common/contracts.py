@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlsplit
+
+from common.hosts import InvalidHost, url_origin
 
 # --- Kafka topics (SPEC.md §1) -------------------------------------------------
 INBOUND_TOPIC = "inbound_images"
@@ -252,14 +253,9 @@ def validate_url(url: Any) -> str:
     if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url) or not _encodable(url):
         raise InvalidMessage("url contains whitespace, control characters or invalid UTF-8")
     try:
-        parts = urlsplit(url)
-        parts.port  # raises ValueError on a bad port
-    except ValueError as exc:
-        raise InvalidMessage(f"url does not parse: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise InvalidMessage(f"url scheme must be http or https, not {parts.scheme!r}")
-    if not parts.hostname:
-        raise InvalidMessage("url has no host")
+        url_origin(url)  # the host every later reader of this URL will see, or none
+    except InvalidHost as exc:
+        raise InvalidMessage(str(exc)) from None
     return url
 
 

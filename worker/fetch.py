@@ -146,7 +146,7 @@ def _classify(exc: Exception, waited: float) -> FetchError:
         name = Status.SERVER_DISCONNECTED
     elif isinstance(exc, BadResponse):
         name = Status.BAD_RESPONSE
-    elif isinstance(exc, ValueError):
+    elif isinstance(exc, ValueError):  # common.hosts.InvalidHost among them
         name = Status.INVALID_URL
     else:
         log_event(EVENT_FETCH_UNEXPECTED_ERROR, error=repr(exc))

@@ -31,7 +31,6 @@ anyway, every gzip member of them and nothing after the compressed stream.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import re
 import socket
 import ssl
@@ -47,6 +46,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from common.hosts import Origin, url_origin
 from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_BYTES, IDLE_SWEEP_SECONDS,
                               HTTP_MAX_HEADERS, HTTP_MAX_IDLE_CONNECTIONS,
                               HTTP_MAX_INTERIM_RESPONSES, HTTP_MAX_LENGTH_DIGITS, HTTP_SCRATCH_BYTES,
@@ -471,7 +471,7 @@ class HttpClient:
         self._resolver = resolver
         self._timeouts = timeouts
         self._ssl = ssl_context or ssl.create_default_context()
-        self._idle: dict[tuple[str, str, int], deque[_Connection]] = defaultdict(deque)
+        self._idle: dict[Origin, deque[_Connection]] = defaultdict(deque)
         self._idle_count = 0
         self._next_sweep = 0.0
         self._sweeper: asyncio.TimerHandle | None = None  # pending while connections are idle
@@ -481,10 +481,8 @@ class HttpClient:
     async def get(self, url: str) -> AsyncIterator[Response]:
         """A GET of ``url``, its head read. The caller reads the body (or not) inside the block;
         the connection is kept for another request only if the response was read to its end."""
+        origin = url_origin(url)  # the host the guard judged; InvalidHost (a ValueError) if none
         target = URL(url)
-        if target.scheme not in ("http", "https") or not target.raw_host:
-            raise ValueError(f"not an http(s) URL: {url}")
-        origin = (target.scheme, target.raw_host, target.port or (443 if target.scheme == "https" else 80))
         request = _request_bytes(target, self._user_agent)
         for attempt in (1, 2):
             connection = self._idle_connection(origin) if attempt == 1 else None
@@ -514,7 +512,7 @@ class HttpClient:
             else:
                 connection.close()
 
-    def _idle_connection(self, origin: tuple[str, str, int]) -> _Connection | None:
+    def _idle_connection(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
@@ -524,7 +522,7 @@ class HttpClient:
             connection.close()
         return None
 
-    def _keep(self, origin: tuple[str, str, int], connection: _Connection) -> None:
+    def _keep(self, origin: Origin, connection: _Connection) -> None:
         if self._idle_count >= HTTP_MAX_IDLE_CONNECTIONS or time.monotonic() > self._next_sweep:
             self._sweep()
         if self._closed or self._idle_count >= HTTP_MAX_IDLE_CONNECTIONS:
@@ -579,15 +577,10 @@ class HttpClient:
         raise ConnectFailed(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")
 
     async def _addresses(self, host: str, port: int) -> list[str]:
-        bare = host.strip("[]")
-        try:
-            ipaddress.ip_address(bare)
-            return [bare]  # a literal cannot rebind: the gate checked it before the request
-        except ValueError:
-            pass
+        """IP literals too go through the resolver: the guard's must see every address."""
         if self._resolver is None:
             return await system_resolve(host, port)
-        # May raise Refused: the name resolves only to forbidden addresses.
+        # May raise Refused: the host resolves only to forbidden addresses.
         return [result["host"] for result in await self._resolver.resolve(host, port, family=socket.AF_UNSPEC)]
 
     async def close(self) -> None:

@@ -6,9 +6,9 @@ import time
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import AsyncIterator, Callable, Mapping
-from urllib.parse import urlsplit
 
 from common.contracts import EVENT_RETRY_AFTER_RECEIVED
+from common.hosts import url_origin
 from common.jsonlog import log_event
 from worker.politeness import RequestGate
 from worker.politeness.addresses import AddressGuard, Resolve, system_resolve
@@ -37,7 +37,7 @@ class PoliteGate:
     @asynccontextmanager
     async def host_slot(self, url: str) -> AsyncIterator[None]:
         origin = origin_of(url)
-        async with self.limiter.slot(urlsplit(url).hostname or ""):
+        async with self.limiter.slot(url_origin(url).host):
             rules = await self.robots.rules(origin)
             async with self.delay.turn(origin, rules.crawl_delay):
                 yield

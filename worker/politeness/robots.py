@@ -14,13 +14,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import aiohttp
 from protego import Protego
 
 from common.contracts import (EVENT_ROBOTS_FETCHED, robots_key,
                               robots_lock_key)
+from common.hosts import url_origin
 from common.jsonlog import log_event
 from common.statuses import Status
 from worker.politeness import Refused
@@ -48,12 +49,10 @@ def product_token(user_agent: str) -> str:
 
 
 def origin_of(url: str) -> str:
-    """scheme://host:port, the unit robots.txt applies to (RFC 9309 section 2.3)."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").rstrip(".")
-    host = f"[{host}]" if ":" in host else host
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{host}:{port}"
+    """scheme://host:port, the unit robots.txt applies to (RFC 9309 section 2.3), with the
+    host as every other layer reads it (InvalidHost, a ValueError, if it does not normalise)."""
+    origin = url_origin(url)
+    return f"{origin.scheme}://{origin.netloc}"
 
 
 @dataclass(frozen=True)
