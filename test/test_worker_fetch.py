@@ -357,3 +357,30 @@ async def test_past_the_body_budget_a_download_waits_for_a_body_to_be_analysed(s
     fetched = await asyncio.wait_for(second, 5)
     assert fetched.body.bytes() == BODY and len(server.app[USER_AGENTS]) == 2
     fetched.body.release()
+
+
+async def test_a_non_ascii_location_is_read_as_utf8(http) -> None:
+    """A redirect to a Unicode path (aiohttp and browsers send it as UTF-8 bytes) is followed
+    to that path, not to its latin-1 mojibake."""
+    seen: list[str] = []
+
+    async def moved(_request: web.Request) -> web.Response:
+        return web.Response(status=302, headers={"Location": "/bild-ä.png"})
+
+    async def image(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(body=BODY, content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/moved", moved)
+    app.router.add_get("/bild-ä.png", image)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        redis = FakeRedis()
+        await redis.set(tokens_key(SOURCE), 10)
+        fetched = await make_fetcher(http, redis).fetch(str(server.make_url("/moved")), SOURCE)
+        assert fetched.status == 200 and seen == ["/bild-ä.png"]
+        fetched.body.release()
+    finally:
+        await server.close()

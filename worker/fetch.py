@@ -128,9 +128,18 @@ class Fetcher:
 
 def _redirect_target(current: str, location: str) -> str:
     try:
-        return validate_url(urljoin(current, location))
+        return validate_url(urljoin(current, _as_sent(location)))
     except (InvalidMessage, ValueError):
         raise FetchError(Status.BAD_REDIRECT) from None
+
+
+def _as_sent(location: str) -> str:
+    """Header values are read as latin-1, byte for byte; a non-ASCII Location is UTF-8 on
+    the wire (as browsers read it), so its bytes are read again as such."""
+    try:
+        return location.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return location  # not UTF-8: left as it came, and judged as such
 
 
 def _classify(exc: Exception, waited: float) -> FetchError:
