@@ -27,8 +27,11 @@ $(CHECKOV):
 	$(PYTHON) -m venv .venv-checkov
 	.venv-checkov/bin/pip install --quiet "checkov==$(CHECKOV_VERSION)"
 
-# Terraform checked offline (--skip-download: no call to the vendor's API).
+# The gate before the tests: ruff (ruff.toml), mypy (mypy.ini), and Terraform checked by
+# checkov offline (--skip-download: no call to the vendor's API).
 lint: install $(CHECKOV)
+	.venv/bin/ruff check .
+	.venv/bin/mypy
 	$(CHECKOV) -d deploy/terraform --framework terraform --skip-download --quiet --compact
 
 test: lint

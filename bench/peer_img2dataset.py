@@ -185,7 +185,7 @@ def main() -> None:
     print(HEADER)
     for result in results:
         print(result.row())
-    for peer, ours in zip(results[::2], results[1::2]):
+    for peer, ours in zip(results[::2], results[1::2], strict=True):
         print(f"this crawler / img2dataset: {ours.rate / peer.rate:.0%} e2e, "
               f"{ours.span_rate / peer.span_rate:.0%} over the span; "
               f"CPU per image {ours.cpu_per_image / peer.cpu_per_image:.0%}, "

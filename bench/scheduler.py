@@ -121,7 +121,7 @@ async def regulate(redis_url: str, stop: asyncio.Event) -> None:
             await regulator.tick(time.time())
             try:
                 await asyncio.wait_for(stop.wait(), 1.0 - time.time() % 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     finally:
         await redis.aclose()

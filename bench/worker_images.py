@@ -43,7 +43,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import AsyncExitStack
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from PIL import Image

@@ -10,7 +10,8 @@ Cancelling again at the task's next await point ends it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 NUDGE_SECONDS = 0.5
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from common.hosts import InvalidHost, url_origin
@@ -206,7 +206,7 @@ EVENT_LEVELS = {
 }
 
 def utc_now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 # --- Inbound message validation (SPEC.md §1) -------------------------------

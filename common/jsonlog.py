@@ -31,7 +31,7 @@ class JsonFormatter(logging.Formatter):
 class _Stdout(logging.StreamHandler):
     """Writes to whatever ``sys.stdout`` is at the time (pytest swaps it per test)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stdout
 

@@ -13,7 +13,8 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -97,6 +98,14 @@ def consumer_config(hosts: str, group: str, **extra: Any) -> dict[str, Any]:
         "topic.metadata.refresh.interval.ms": 5000,
         **extra,
     }
+
+
+def coordinates(message: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed message; only an error event lacks them."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError(f"a message without a topic, partition or offset: {message.error()}")
+    return topic, partition, offset
 
 
 def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: Any = None,
@@ -220,7 +229,7 @@ def ensure_topics(hosts: str, topics: Iterable[str], partitions: int, timeout: f
         [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names],
         operation_timeout=timeout, request_timeout=timeout,
     )
-    for name, future in futures.items():
+    for future in futures.values():
         try:
             future.result(timeout=timeout)
         except KafkaException as exc:

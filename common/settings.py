@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
@@ -64,7 +65,7 @@ class Settings:
                                 "(or neither, for the default chain: profile, instance role)")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
 
         def get(name: str, parse: Callable[[str], T], default: T) -> T:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.contracts import HALTED, INBOUND_SOURCES, TEMP_HALTED
+from common.redis_values import as_text
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,6 @@ async def read_source_sets(redis: Any) -> SourceSets:
     for key in (INBOUND_SOURCES, HALTED, TEMP_HALTED):
         pipe.smembers(key)
     replies = await pipe.execute()
-    inbound, halted, temp_halted = (frozenset(_text(m) for m in reply) for reply in replies)
+    inbound, halted, temp_halted = (frozenset(as_text(m) for m in reply) for reply in replies)
     return SourceSets(inbound, halted, temp_halted)
 
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -13,7 +13,8 @@ import asyncio
 import signal
 import sys
 import time
-from typing import Any, Coroutine
+from typing import Any
+from collections.abc import Coroutine
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -109,7 +110,7 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
             await dashboard.cleanup()
         await session.close()
     # A component never returns by itself: one in ``done`` (other than ``stopping``) failed.
-    failures = {task.get_name(): repr(result) for task, result in zip(tasks, results) if task in done}
+    failures = {task.get_name(): repr(result) for task, result in zip(tasks, results, strict=True) if task in done}
     log_event(EVENT_MONITOR_STOPPED, failed=failures)
     if failures:
         raise ComponentFailed(f"monitor component(s) stopped: {failures}")

@@ -13,15 +13,13 @@ from collections import Counter
 from typing import Any
 
 from common import contracts
+from common.redis_values import as_text
 from common.statuses import is_expected
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from crawl_monitor.constants import (BUCKET_TRIM_SECONDS, TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
                                      TEMP_HALT_WINDOW_SECONDS)
 
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def status_of(member: str) -> str:
@@ -88,7 +86,7 @@ class CircuitBreaker:
             fields = await pipe.execute()
         async with self._redis.pipeline(transaction=False) as pipe:
             for (key, started_before), names in zip(keys, fields, strict=True):
-                old = [f for f in map(_text, names) if contracts.bucket_of_field(f) <= started_before]
+                old = [f for f in map(as_text, names) if contracts.bucket_of_field(f) <= started_before]
                 if old:
                     pipe.hdel(key, *old)
             await pipe.execute()

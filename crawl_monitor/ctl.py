@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from common.contracts import (HALTED, INBOUND_SOURCES, TEMP_HALTED, last_50_key, override_rate_key,
                               tokens_key)
+from common.redis_values import as_text
 from common.settings import load_settings
 from crawl_monitor.source_state import SourceState, read_sources
 
@@ -65,7 +66,7 @@ async def known_source(redis: aioredis.Redis, raw: str) -> str:
     source = raw.strip().lower()
     if await redis.sismember(INBOUND_SOURCES, source):
         return source
-    known = sorted(await redis.smembers(INBOUND_SOURCES))
+    known = sorted(as_text(s) for s in await redis.smembers(INBOUND_SOURCES))
     listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
     raise CtlError(f"unknown source {raw!r}: not in {INBOUND_SOURCES} "
                    f"({'known: ' + listed if known else 'no source seen yet'})")
@@ -98,7 +99,7 @@ async def run(args: argparse.Namespace, redis: aioredis.Redis) -> str:
         return format_status(sources)
     rate = parse_rate(args.rate) if args.command == "override" else None
     source = await known_source(redis, args.source)
-    if args.command == "override":
+    if rate is not None:  # override
         await redis.set(override_rate_key(source), rate)
         return f"{source}: rate limit overridden to {rate:g} requests/s (the monitor applies it within a second)"
     if args.command == "clear-override":
@@ -107,11 +108,17 @@ async def run(args: argparse.Namespace, redis: aioredis.Redis) -> str:
                 else f"{source}: had no override")
     if args.command == "halt":
         # Empty the bucket too, so workers stop now rather than spend this second's tokens.
-        await redis.pipeline().sadd(HALTED, source).set(tokens_key(source), 0).execute()
+        pipe = redis.pipeline()
+        pipe.sadd(HALTED, source)
+        pipe.set(tokens_key(source), 0)
+        await pipe.execute()
         return f"{source}: halted; nothing is fetched until `python -m crawl_monitor.ctl resume {source}`"
     # resume: SPEC.md §2's procedure (del statuslast50req, srem halted) plus the temporary halt.
-    _, was_halted, was_paused = await (redis.pipeline().delete(last_50_key(source))
-                                       .srem(HALTED, source).srem(TEMP_HALTED, source).execute())
+    pipe = redis.pipeline()
+    pipe.delete(last_50_key(source))
+    pipe.srem(HALTED, source)
+    pipe.srem(TEMP_HALTED, source)
+    _, was_halted, was_paused = await pipe.execute()
     if not (was_halted or was_paused):
         return f"{source}: was not halted; cleared its last-50 status window"
     return f"{source}: resumed; cleared its last-50 status window and removed it from the halted sets"

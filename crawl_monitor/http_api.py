@@ -43,7 +43,8 @@ import time
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -83,7 +84,7 @@ class SourcesCollector(Collector):
         self.sources = sources
 
     def collect(self) -> Iterable[Any]:
-        per_source = [
+        per_source: list[CounterMetricFamily | GaugeMetricFamily] = [
             CounterMetricFamily("crawler_source_requests", "Requests workers sent (num_requests:{source}).",
                                 labels=["source"]),
             CounterMetricFamily("crawler_source_successes", "Images resized (num_resized:{source}).",

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from common import contracts
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
-from common.numbers import count, finite_number
+from common.redis_values import count, finite_number
 
 _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
 
@@ -32,7 +33,7 @@ class MonitoringLog:
         sets = await read_source_sets(self._redis)
         inbound, halted, temp_halted = sets.inbound, sets.halted, sets.temp_halted
         now = self._clock()
-        totals = dict(zip(_TOTALS, map(count, raw_totals)))
+        totals = dict(zip(_TOTALS, map(count, raw_totals), strict=True))
         sources = sorted(inbound)
         specific = await self._per_source(sources)
 

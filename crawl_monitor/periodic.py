@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 from common.jsonlog import log_event
 from common.contracts import EVENT_MONITOR_COMPONENT_ERROR

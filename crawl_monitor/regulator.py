@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from common import contracts
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
-from common.numbers import non_negative
+from common.redis_values import non_negative
 from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
                                      UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
@@ -64,7 +64,7 @@ class Regulator:
 
         grants: dict[str, int] = {}
         rates: dict[str, float] = {}
-        for source, override, retry_after in zip(sources, overrides, retry_afters):
+        for source, override, retry_after in zip(sources, overrides, retry_afters, strict=True):
             rate = self._configured_rate(source, override)
             if rate is None:
                 self._report_unknown(source, now)
@@ -133,7 +133,7 @@ class Regulator:
             self._pauses[source] = (retry_after, until)
             if until > now and not was_paused:
                 log_event(contracts.EVENT_RETRY_AFTER, source=source,
-                          until=datetime.fromtimestamp(until, timezone.utc).isoformat())
+                          until=datetime.fromtimestamp(until, UTC).isoformat())
         return self._pauses[source][1] > now
 
     def _number(self, key: str, source: str, raw: str | None) -> float | None:

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from common.contracts import (error_statuses_key, errors_key, override_rate_key, rate_limit_key, resized_key,
                               source_requests_key, tokens_key)
-from common.numbers import count, finite_number
+from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets
 
 
@@ -32,9 +32,6 @@ class SourceState:
         return sum(self.errors.values())
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
 
 async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, int]]:
     """Failures by status, from keys it can name: each source's ``error_statuses`` set
@@ -42,11 +39,15 @@ async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, 
     pipe = redis.pipeline(transaction=False)
     for source in sources:
         pipe.smembers(error_statuses_key(source))
-    statuses = [sorted(map(_text, members)) for members in await pipe.execute()]
+    statuses = [sorted(map(as_text, members)) for members in await pipe.execute()]
     keys = [errors_key(source, status) for source, named in zip(sources, statuses, strict=True) for status in named]
     values = iter(await redis.mget(keys) if keys else [])
     return {source: {status: count(next(values)) for status in named}
             for source, named in zip(sources, statuses, strict=True)}
+
+
+def _whole(number: float | None) -> int | None:
+    return None if number is None else int(number)
 
 
 async def read_sources(redis: Redis) -> dict[str, SourceState]:
@@ -67,7 +68,7 @@ async def read_sources(redis: Redis) -> dict[str, SourceState]:
             requests=count(requests), successes=count(successes),
             errors=errors[source],
             rate_limit=finite_number(rate), override=finite_number(override),
-            tokens=None if finite_number(tokens) is None else int(finite_number(tokens)),
+            tokens=_whole(finite_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,
         )
     return states

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import aiohttp
 
@@ -71,7 +72,7 @@ async def load_source_sizes(sources_url: str, session: aiohttp.ClientSession) ->
         else:
             path = Path(sources_url.removeprefix("file://"))
             data = json.loads(await asyncio.to_thread(path.read_bytes))
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         raise SourcesUnavailable(f"{type(exc).__name__}: {exc}") from None
     return parse_source_sizes(data)
 

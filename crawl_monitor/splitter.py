@@ -14,14 +14,15 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from redis import Redis
 
 from common import contracts
 from common.jsonlog import log_event
-from common.kafka import consumer_config, ensure_topics, produce_waiting, producer_config
+from common.kafka import consumer_config, coordinates, ensure_topics, produce_waiting, producer_config
 from common.settings import Settings
 from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
                                      SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS)
@@ -58,7 +59,8 @@ def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
         if message.error() is not None:
             _report(str(message.error()))
             continue
-        next_offsets[(message.topic(), message.partition())] = message.offset() + 1
+        topic, partition, offset = coordinates(message)
+        next_offsets[(topic, partition)] = offset + 1
         raw = message.value()
         try:
             request = contracts.parse_crawl_request(raw)
@@ -174,9 +176,9 @@ class Splitter:
         while pending:
             failed: list[Record] = []
 
-            def on_failure(err: KafkaError | None, message: Message) -> None:
+            def on_failure(err: KafkaError | None, message: Message, failed: list[Record] = failed) -> None:
                 if err is not None:  # the producer reports failures only
-                    failed.append((message.topic(), message.key(), message.value()))
+                    failed.append((coordinates(message)[0], message.key(), message.value() or b""))
 
             for topic, key, value in pending:
                 self._produce(topic, key, value, on_failure)
@@ -277,7 +279,7 @@ async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: floa
                 stop.wait(delay)
                 delay = min(delay * 2, SPLIT_MAX_BACKOFF_SECONDS)
         try:
-            loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(None))
+            loop.call_soon_threadsafe(_settle, finished)
         except RuntimeError:  # the loop is gone already
             pass
 
@@ -289,5 +291,10 @@ async def run_splitter(make_splitter: Callable[[], Splitter], stop_seconds: floa
         if not finished.done():
             try:
                 await asyncio.wait_for(asyncio.shield(finished), stop_seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 _report("did not stop in time; its uncommitted batch will be re-split")
+
+
+def _settle(finished: asyncio.Future[None]) -> None:
+    if not finished.done():
+        finished.set_result(None)

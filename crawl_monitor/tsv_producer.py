@@ -13,7 +13,7 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from tqdm import tqdm

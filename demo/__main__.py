@@ -113,7 +113,7 @@ def main() -> None:
     except KeyboardInterrupt:
         log_event(EVENT_DEMO_INTERRUPTED)
         code = 130
-    except Exception as exc:  # the servers and children are already stopped by the with-blocks
+    except Exception as exc:  # noqa: BLE001 - any failure: the servers and children are already stopped
         print(f"demo failed: {exc}", file=sys.stderr)
         code = 1
     sys.exit(code)

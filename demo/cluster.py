@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from common.process import own_group_dying_with_parent
 
@@ -34,7 +34,7 @@ class Child:
     process: subprocess.Popen | None = field(default=None, repr=False)
     stopped: bool = False  # stopped on purpose: its exit is not a death
 
-    def start(self) -> "Child":
+    def start(self) -> Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -104,7 +104,7 @@ class Cluster:
         self._workers += 1
         return self._start(f"worker-{self._workers}", "worker")
 
-    def start(self, workers: int = 2) -> "Cluster":
+    def start(self, workers: int = 2) -> Cluster:
         self.start_monitor()
         for _ in range(workers):
             self.start_worker()
@@ -141,7 +141,7 @@ class Cluster:
         self.children.clear()
         return codes
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from demo.cluster import Cluster
 from demo.outcomes import Outcomes

@@ -13,7 +13,8 @@ import json
 import time
 import uuid as uuidlib
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer
 
@@ -104,7 +105,7 @@ class Outcomes:
     def close(self) -> None:
         self._consumer.close()
 
-    def __enter__(self) -> "Outcomes":
+    def __enter__(self) -> Outcomes:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -31,10 +31,12 @@ import threading
 import time
 import uuid as uuidlib
 from contextlib import contextmanager
+from itertools import pairwise
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import IO, Iterator, Mapping
+from typing import IO
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 from aiohttp import web
@@ -92,7 +94,7 @@ class _StampedSocket(socket.socket):
 
     arrived = 0.0
 
-    def accept(self) -> tuple["_StampedSocket", object]:
+    def accept(self) -> tuple[_StampedSocket, object]:
         fd, address = self._accept()
         return _StampedSocket(self.family, self.type, self.proto, fileno=fd), address
 
@@ -224,7 +226,7 @@ class Site:
             found += [f"{self.spec.name}: fetched {r.path}, disallowed by robots.txt"
                       for r in fetches if not robots.can_fetch(self.url(r.path), token)][:3]
             delay = robots.crawl_delay(token)
-            gaps = [b.time - a.time for a, b in zip(fetches, fetches[1:])]
+            gaps = [b.time - a.time for a, b in pairwise(fetches)]
             if delay and gaps and min(gaps) < delay - CLOCK_SLACK:
                 found.append(f"{self.spec.name}: requests {min(gaps):.3f}s apart, Crawl-delay {delay}")
         for paused in (r for r in log if r.status == 429):
@@ -272,7 +274,7 @@ class SimWeb:
             self._log_file = None
 
     @contextmanager
-    def serving(self) -> Iterator["SimWeb"]:
+    def serving(self) -> Iterator[SimWeb]:
         """Serve from a daemon thread with its own loop, so sync code and other loops can use it."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="simweb", daemon=True)
@@ -341,7 +343,7 @@ def encode(image: Image.Image, ext: str, quality: int | None = None, artist: str
     return buffer.getvalue()
 
 
-@lru_cache(maxsize=None)
+@cache
 def synthetic_image(n: int) -> tuple[str, bytes, tuple[int, int]]:
     """Image ``n`` of a fixed family: (extension, bytes, (width, height)). Smooth noise, so
     JPEG quality means something, in sizes from thumbnail to larger than the target."""

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from common.process import own_group_dying_with_parent
 
@@ -66,7 +66,7 @@ class Server:
             try:
                 if self.ready():
                     return
-            except Exception:
+            except Exception:  # noqa: BLE001 - not answering yet, whatever the client raises
                 pass
             time.sleep(0.2)
         raise ServerFailed(f"{self.name} did not answer within {timeout:.0f}s; see {self.log_path}")

@@ -16,13 +16,13 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devstack.servers import (DEV_CREDENTIALS, TANSU_WORKER_ENV, Server, create_bucket,  # noqa: E402
+from devstack.servers import (DEV_CREDENTIALS, TANSU_WORKER_ENV, create_bucket,  # noqa: E402
                               kafka_server, redis_server, s3_server)
 
 BUCKET = "cc-image-analysis"

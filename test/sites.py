@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Mapping
 from urllib.parse import urljoin
 
 import aiohttp
@@ -62,13 +62,13 @@ class Site:
         body = page.body.encode() if isinstance(page.body, str) else page.body
         return web.Response(status=page.status, body=body, headers=dict(page.headers))
 
-    async def __aenter__(self) -> "Site":
+    async def __aenter__(self) -> Site:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = "http://127.0.0.1:%d" % self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         return self
 
     async def __aexit__(self, *exc) -> None:

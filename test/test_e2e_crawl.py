@@ -128,7 +128,8 @@ async def test_sites_log_when_a_request_arrived_not_when_they_got_to_it() -> Non
     finally:
         await web.stop()
     logged = [record.time for record in web.sites["stamped"].log]
-    assert len(logged) == 3 and all(abs(at - when) < 0.05 for at, when in zip(logged, sent)), (logged, sent)
+    assert len(logged) == 3, (logged, sent)
+    assert all(abs(at - when) < 0.05 for at, when in zip(logged, sent, strict=True)), (logged, sent)
 
 
 def test_2000_urls_over_20_sources_each_get_one_outcome_politely(crawl_env, s3_endpoint, tmp_path: Path,

@@ -270,7 +270,8 @@ def hostile_messages(count: int, seed: int = 6) -> list[bytes | None]:
         elif roll < 0.7:
             messages.append(rng.choice(structured))
         elif roll < 0.85:
-            text = "".join(rng.choice(string.printable + "\u202e\u200b\ufeff\U0001f4a9") for _ in range(rng.randint(1, 200)))
+            alphabet = string.printable + "\u202e\u200b\ufeff\U0001f4a9"
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 200)))
             messages.append(with_(**{rng.choice(["url", "source"]): text}) if rng.random() < 0.5
                             else text.encode("utf-8", "surrogatepass"))
         else:

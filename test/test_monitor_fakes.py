@@ -120,7 +120,7 @@ class _Pipeline:
         self._calls: list[tuple[str, tuple, dict]] = []
 
     def __getattr__(self, name: str):
-        def queue(*args: Any, **kwargs: Any) -> "_Pipeline":
+        def queue(*args: Any, **kwargs: Any) -> _Pipeline:
             self._calls.append((name, args, kwargs))
             return self
         return queue
@@ -131,7 +131,7 @@ class _Pipeline:
 
 
 class SyncPipeline(_Pipeline):
-    def __enter__(self) -> "SyncPipeline":
+    def __enter__(self) -> SyncPipeline:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -142,7 +142,7 @@ class SyncPipeline(_Pipeline):
 
 
 class AsyncPipeline(_Pipeline):
-    async def __aenter__(self) -> "AsyncPipeline":
+    async def __aenter__(self) -> AsyncPipeline:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

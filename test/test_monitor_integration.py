@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -81,7 +81,7 @@ class RunningSplitter:
         self._splitter = splitter.connect(settings, inbound_topic=inbound, group=group)
         self._thread = threading.Thread(target=self._splitter.run, args=(self._stop,), daemon=True)
 
-    def __enter__(self) -> "RunningSplitter":
+    def __enter__(self) -> RunningSplitter:
         self._thread.start()
         return self
 

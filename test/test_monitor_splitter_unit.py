@@ -34,7 +34,8 @@ def test_plan_routes_each_message_and_commits_past_the_last_offset_per_partition
     assert topics == ["urls.flickr", contracts.REJECTED_TOPIC, "urls.met"] + [contracts.REJECTED_TOPIC] * 2
     assert json.loads(plan.records[0][2])["source"] == "flickr" and plan.records[0][1] == "u-1"
     rejected = json.loads(plan.records[1][2])
-    assert rejected["topic"] == "inbound" and rejected["raw"] == "{not json" and rejected["error"].startswith("not JSON")
+    assert rejected["topic"] == "inbound" and rejected["raw"] == "{not json"
+    assert rejected["error"].startswith("not JSON")
     assert json.loads(plan.records[4][2])["error"].startswith("not JSON: RecursionError")  # deep nesting
     assert (plan.split, plan.rejected, plan.sources) == (2, 3, {"flickr", "met"})
     assert sorted((tp.topic, tp.partition, tp.offset) for tp in plan.offsets) == [("inbound", 0, 14), ("inbound", 1, 6)]

@@ -14,7 +14,7 @@ import tempfile
 import threading
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service

@@ -6,7 +6,8 @@ import json
 import re
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest

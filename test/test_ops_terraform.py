@@ -11,7 +11,8 @@ import json
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import hcl2
 import pytest

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import aiohttp
@@ -48,7 +49,7 @@ async def run_crawlers(redis_url: str, url_lists: list[list[str]]) -> list[list]
                 p.kill()
                 await p.wait()
     outcomes = []
-    for p, (out, err) in zip(procs, results):
+    for p, (out, err) in zip(procs, results, strict=True):
         assert p.returncode == 0, err.decode()[-2000:]
         outcomes.append(json.loads(out.decode().strip().splitlines()[-1]))
     return outcomes
@@ -83,7 +84,7 @@ async def test_crawl_delay_spaces_requests_across_two_processes(redis_url):
                                                   for w in range(2)])
     assert outcomes == [[200, 200], [200, 200]]
     times = site.times("/p/")
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in pairwise(times)]
     assert len(times) == 4 and min(gaps) >= 2.0 - 1e-3, gaps
 
 

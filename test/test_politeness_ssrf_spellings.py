@@ -86,7 +86,8 @@ def numeric_forms(address: str) -> dict[str, str]:
         "decimal": str(n), "hex": hex(n), "hex-upper": "0X" + format(n, "X"),
         "octal": "0" + format(n, "o"), "dotted-octal": ".".join("0" + format(x, "o") for x in b),
         "dotted-hex": ".".join(hex(x) for x in b), "short-a.b": f"{b[0]}.{n & 0xFFFFFF}",
-        "short-a.b.c": f"{b[0]}.{b[1]}.{n & 0xFFFF}", "leading-zeros": ".".join(f"{x:03d}" if x < 8 else str(x) for x in b),  # 010 is 8
+        "short-a.b.c": f"{b[0]}.{b[1]}.{n & 0xFFFF}",
+        "leading-zeros": ".".join(f"{x:03d}" if x < 8 else str(x) for x in b),  # 010 is 8
         "trailing-dot": address + ".", "mixed-radix": f"{hex(b[0])}.0{b[1]:o}.{b[2]}.{b[3]}",
     }
 

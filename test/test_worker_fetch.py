@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from itertools import pairwise
 from contextlib import asynccontextmanager
 
 import pytest
@@ -235,7 +236,7 @@ async def test_requests_to_a_source_are_spaced_across_workers() -> None:
                            for _ in range(2)))
     sends.sort()
     assert 2 <= len(sends) <= 12
-    assert min(b - a for a, b in zip(sends, sends[1:])) >= 0.09
+    assert min(b - a for a, b in pairwise(sends)) >= 0.09
 
 
 async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
@@ -250,7 +251,7 @@ async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
     sends: list[float] = []
     await send_for_a_second(tokens, sends)
     assert 1 <= len(sends) <= 11
-    assert min((b - a for a, b in zip(sends, sends[1:])), default=1.0) >= 0.09
+    assert min((b - a for a, b in pairwise(sends)), default=1.0) >= 0.09
 
 
 async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, unique: str) -> None:
@@ -264,7 +265,7 @@ async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, uni
                            for _ in range(2)))
     sends.sort()
     assert 5 <= len(sends) <= 12
-    assert min(b - a for a, b in zip(sends, sends[1:])) >= 0.09
+    assert min(b - a for a, b in pairwise(sends)) >= 0.09
     assert int(await redis_client.get(source_requests_key(source))) == len(sends)
 
 

@@ -22,7 +22,7 @@ import threading
 import time
 import tracemalloc
 import zlib
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -48,7 +48,7 @@ class RawServer:
         self._tasks: set[asyncio.Task] = set()
         self._writers: list[asyncio.StreamWriter] = []
 
-    async def start(self) -> "RawServer":
+    async def start(self) -> RawServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

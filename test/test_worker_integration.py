@@ -16,7 +16,7 @@ import sys
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from aiobotocore.session import get_session
@@ -134,7 +134,7 @@ class Outcomes:
     async def start(self) -> None:
         await self._consumer.subscribe(OUTCOME_TOPICS)
 
-    async def wait_for(self, done: Callable[["Outcomes"], bool], timeout: float, worker: Worker) -> None:
+    async def wait_for(self, done: Callable[[Outcomes], bool], timeout: float, worker: Worker) -> None:
         deadline = time.monotonic() + timeout
         while not done(self):
             assert time.monotonic() < deadline, f"timed out; worker log:\n{worker.log()}"

@@ -62,7 +62,7 @@ class Run:
                               Stats(self.redis), SETTINGS)
         self.request = CrawlRequest("http://example.org/a.jpg", "uuid-1", SOURCE, attempts)
 
-    async def __call__(self) -> "Run":
+    async def __call__(self) -> Run:
         await self.task.process(self.request)
         return self
 

@@ -72,7 +72,7 @@ class FakeRedis:
     async def srem(self, key: str, *members: str) -> None:
         self.store.setdefault(key, set()).difference_update(members)
 
-    def pipeline(self, transaction: bool = True) -> "FakePipeline":
+    def pipeline(self, transaction: bool = True) -> FakePipeline:
         return FakePipeline(self)
 
     def _incrby(self, key: str, amount: int) -> int:

@@ -31,7 +31,7 @@ def exif_to_json(exif: Image.Exif) -> dict[str, Any]:
         tags = dict(exif)
         tags.update(exif.get_ifd(ExifTags.IFD.Exif))
         gps = exif.get_ifd(ExifTags.IFD.GPSInfo)
-    except Exception:  # corrupt offsets inside the EXIF block: keep what parsed
+    except Exception:  # noqa: BLE001 - corrupt offsets inside a hostile EXIF block: keep what parsed
         tags, gps = dict(exif), {}
     for tag, value in tags.items():
         if tag in _POINTER_TAGS or not isinstance(tag, int):

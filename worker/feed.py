@@ -16,7 +16,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from common.contracts import EVENT_COMMIT_FAILED, EVENT_CONSUMER_ERROR, EVENT_CONSUMER_FLOW_FAILED
 from common.jsonlog import log_event
-from common.kafka import AsyncConsumer
+from common.kafka import AsyncConsumer, coordinates
 
 TP = tuple[str, int]  # (topic, partition)
 
@@ -62,7 +62,7 @@ class KafkaFeed:
             if message.error():
                 log_event(EVENT_CONSUMER_ERROR, error=str(message.error()), topic=message.topic())
                 continue
-            batch.records.append(Record(message.topic(), message.partition(), message.offset(), message.value()))
+            batch.records.append(Record(*coordinates(message), message.value()))
         return batch
 
     async def pause(self, parts: list[TP]) -> None:

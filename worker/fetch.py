@@ -19,7 +19,7 @@ import asyncio
 import ssl
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 from urllib.parse import urljoin
 
 from redis.exceptions import RedisError
@@ -143,6 +143,7 @@ def _as_sent(location: str) -> str:
 
 
 def _classify(exc: Exception, waited: float) -> FetchError:
+    name: str
     if isinstance(exc, Refused):  # the gate's, or the SSRF guard's at connect time
         return FetchError(exc.reason, token_wait=waited)
     if isinstance(exc, TimeoutError):  # connect, silence or total

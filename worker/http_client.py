@@ -40,7 +40,7 @@ import zlib
 from collections import defaultdict, deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -115,7 +115,7 @@ class _Exchange:
     def final(self) -> bool:
         return self.head_done and self.status >= 200
 
-    def feed(self, data: bytes | memoryview) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Raises what the callbacks raised (our policy) or BadResponse (llhttp's verdict)."""
         try:
             self._parser.feed_data(data)
@@ -232,20 +232,22 @@ class _Connection(asyncio.BufferedProtocol):
             self._consume(_stream_buffer()[:nbytes])
             return
         self._pending += self._scratch_view[:nbytes]
-        if len(self._pending) > HTTP_MAX_HEAD_BYTES + HTTP_SCRATCH_BYTES:
+        if len(self._pending) > HTTP_MAX_HEAD_BYTES + HTTP_SCRATCH_BYTES and self.transport is not None:
             self.transport.pause_reading()  # nobody is reading: a peer may not fill our memory
         self._wake()
 
     def _consume(self, data: memoryview) -> None:
         """Feeds llhttp at once, so the stream buffer is free again when this returns; wakes
         the reader only at the end (silence is timed from ``_last_data`` all the same)."""
+        stream = self._stream
+        assert stream is not None  # buffer_updated streams only while an exchange is set
         try:
-            self._stream.feed(data)
-        except Exception as exc:  # for the reader to raise; a transport callback must not
+            stream.feed(data)
+        except Exception as exc:  # noqa: BLE001 - for the reader to raise; a transport callback must not
             self._stream, self._stream_error = None, exc
             self._wake()
             return
-        if self._stream.complete:
+        if stream.complete:
             self._wake()
 
     def eof_received(self) -> bool:
@@ -351,6 +353,11 @@ class _Connection(asyncio.BufferedProtocol):
         return not self.eof and not self._pending and self.transport is not None \
             and not self.transport.is_closing()
 
+    def write(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise Disconnected("the connection is closed")
+        self.transport.write(data)
+
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
@@ -371,12 +378,12 @@ def _stream_buffer() -> memoryview:
     return buffer
 
 
-def _closed_cleanly(transport: asyncio.BaseTransport) -> bool:
+def _closed_cleanly(transport: asyncio.BaseTransport | None) -> bool:
     """Whether the peer ended its stream on purpose. asyncio calls ``eof_received`` both for a
     TLS close_notify and for a bare TCP FIN (which an attacker or a middlebox can forge to cut a
     body short); only after a close_notify does the TLS object read as ended (b"") instead of
     wanting more bytes."""
-    tls = transport.get_extra_info("ssl_object")
+    tls = transport.get_extra_info("ssl_object") if transport is not None else None
     if tls is None:
         return True
     try:
@@ -412,14 +419,15 @@ class Response:
         length, chunked = self.content_length, _is_chunked(self.headers)
         if length is not None and length > max_bytes:
             raise BodyTooLarge(length)
-        body = Body(0, segments.take(), segments)
+        segment = segments.take()
+        body = Body(0, segment, segments)
         try:
             if chunked:
-                body.size = await self._read_chunked(body.segment, max_bytes)
+                body.size = await self._read_chunked(segment, max_bytes)
             elif length is not None:
-                body.size = await self._read_exactly(body.segment, length)
+                body.size = await self._read_exactly(segment, length)
             else:
-                body.size = await self._read_to_close(body.segment, max_bytes)
+                body.size = await self._read_to_close(segment, max_bytes)
             self._complete = chunked or length is not None  # the framing said where it ends
             return _decoded(body, self.headers, max_bytes)
         except BaseException:
@@ -485,13 +493,12 @@ class HttpClient:
         target = URL(url)
         request = _request_bytes(target, self._user_agent)
         for attempt in (1, 2):
-            connection = self._idle_connection(origin) if attempt == 1 else None
-            reused = connection is not None
-            if connection is None:
-                connection = await self._connect(*origin)
+            idle = self._idle_connection(origin) if attempt == 1 else None
+            reused = idle is not None
+            connection = idle if idle is not None else await self._connect(*origin)
             try:
                 connection.received_any = False
-                connection.transport.write(request)
+                connection.write(request)
                 exchange = await _read_head(connection)
                 break
             except Disconnected:
@@ -598,7 +605,8 @@ class HttpClient:
 
 # --- the wire ------------------------------------------------------------------
 def _request_bytes(url: URL, user_agent: str) -> bytes:
-    host = url.raw_host if ":" not in url.raw_host else f"[{url.raw_host}]"
+    host = url.raw_host or ""  # get() refused a URL without one
+    host = host if ":" not in host else f"[{host}]"
     if not url.is_default_port():
         host = f"{host}:{url.port}"
     target = url.raw_path_qs or "/"

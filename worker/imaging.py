@@ -49,7 +49,7 @@ def analyze(data: bytes, target_resolution: int) -> Analysis:
         return Analysis(error=BOMB)
     except MemoryError:
         return Analysis(error=BOMB)
-    except Exception:  # Pillow raises OSError, ValueError, SyntaxError, EOFError... on bad files
+    except Exception:  # noqa: BLE001 - Pillow raises OSError, ValueError, SyntaxError, EOFError... on bad files
         return Analysis(error=UNIDENTIFIED)
 
 

@@ -8,7 +8,7 @@ replaces the original's ImageMagick dependency with arithmetic.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 # Annex K tables in natural (row-major) order, as Pillow reports them.
 _LUMINANCE = (
@@ -48,7 +48,7 @@ def estimate_quality(tables: Mapping[int, Sequence[int]]) -> int | None:
 
     def distance(quality: int) -> int:
         return sum(abs(a - b) for index, table in present
-                   for a, b in zip(table, _SCALED[quality][index]))
+                   for a, b in zip(table, _SCALED[quality][index], strict=False))
 
     if guess is None:
         candidates = range(100, 0, -1)
@@ -70,7 +70,7 @@ _SEARCH = 6
 def _guess(table: Sequence[int], standard: Sequence[int]) -> int | None:
     """The quality whose libjpeg scale factor matches the table's median ratio to the standard;
     None when every entry is clamped (1 or 255), as at the extremes."""
-    scales = sorted(100.0 * value / base for value, base in zip(table, standard) if 1 < value < 255)
+    scales = sorted(100.0 * value / base for value, base in zip(table, standard, strict=False) if 1 < value < 255)
     if not scales:
         return None
     scale = scales[len(scales) // 2]

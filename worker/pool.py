@@ -28,7 +28,8 @@ import pickle
 import socket
 import struct
 from collections import deque
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from common.contracts import EVENT_IMAGE_POOL_BROKEN, EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE
 from common.jsonlog import log_event
@@ -59,7 +60,7 @@ class ImagePool:
     async def analyze(self, body: Body | bytes, target_resolution: int) -> Analysis:
         """``imaging.analyze`` in a pool process; a ``Body`` in a segment is read from there."""
         path = body.path if isinstance(body, Body) else None
-        if path is not None and self._shared:
+        if isinstance(body, Body) and path is not None and self._shared:
             try:
                 return await self._run(body.size, analyze_shared, path, body.size, target_resolution)
             except SegmentUnreadable as exc:
@@ -126,7 +127,7 @@ class PoolProcess:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def start(cls) -> "PoolProcess":
+    def start(cls) -> PoolProcess:
         # spawn: forking a process that runs Kafka and event-loop threads is unsafe, and a
         # spawned child's parent is this process, so it can be told to die with it.
         ours, theirs = socket.socketpair()
@@ -138,6 +139,7 @@ class PoolProcess:
             theirs.close()
         # Lower its priority at once rather than from inside it: its imports already count.
         niceness = min(os.getpriority(os.PRIO_PROCESS, 0) + IMAGE_PROCESS_NICENESS, 19)
+        assert process.pid is not None  # started above
         with contextlib.suppress(OSError):  # it died already: the first call will say so
             os.setpriority(os.PRIO_PROCESS, process.pid, niceness)
         ours.setblocking(False)
@@ -161,10 +163,13 @@ class PoolProcess:
             except BaseException as exc:
                 # Cancelled or refused mid-request: the stream is out of step for good.
                 self._fail(ProcessDied(repr(exc)))
-                raise ProcessDied(repr(exc)) if isinstance(exc, OSError) else exc
+                if isinstance(exc, OSError):
+                    raise ProcessDied(repr(exc)) from exc
+                raise
         return await answer
 
     def _on_readable(self) -> None:
+        data: bytes | bytearray
         try:
             data = self.sock.recv(_RECEIVE_SIZE)
         except (BlockingIOError, InterruptedError):

@@ -18,15 +18,16 @@ import asyncio
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from common.contracts import EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED, EVENT_WORKER_SUBSCRIBE_FAILED
+from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
+                              EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBE_FAILED, EVENT_WORKER_SUBSCRIBED)
 from common.contracts import (REJECTED_TOPIC, CrawlRequest, InvalidMessage, parse_crawl_request,
                               rate_limit_key, rejected_message, source_of_topic, source_topic)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
-from common.numbers import non_negative
+from common.redis_values import non_negative
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
@@ -103,20 +104,20 @@ class Scheduler:
             sets = await read_source_sets(self._redis)
             names = sorted(sets.inbound)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
-        except Exception as exc:  # Redis away: keep the last known state
+        except Exception as exc:  # noqa: BLE001 - Redis away (any client error): keep the last known state
             log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
             return
         self._halted = set(sets.stopped)
         self._tokens.halt(self._halted)
         # A rate or a source missing from Redis (restarted empty, say) keeps its last known
         # value: forgetting the rate would stop the pacing, forgetting the source its topic.
-        parsed = {source: _as_rate(raw) for source, raw in zip(names, rates)}
+        parsed = {source: _as_rate(raw) for source, raw in zip(names, rates, strict=True)}
         self.rates.update({source: rate for source, rate in parsed.items() if rate is not None})
         if not set(names) <= self._sources:
             known = self._sources | set(names)
             try:
                 await self._feed.subscribe([source_topic(s) for s in sorted(known)])
-            except Exception as exc:  # e.g. a name Kafka rejects: retried at the next refresh
+            except Exception as exc:  # noqa: BLE001 - e.g. a name Kafka rejects: retried at the next refresh
                 log_event(EVENT_WORKER_SUBSCRIBE_FAILED, error=repr(exc)[:300])
                 return
             self._sources = known
@@ -194,6 +195,7 @@ class Scheduler:
                 queue = self._pending.pop(source)  # re-inserted last: the rotation
                 job = queue.popleft()
                 self._set_pending(source, queue)
+                assert job.request is not None  # a message to reject never waits in a queue
                 self._spawn(job, source, self._crawl(source, job.request))
                 if queue:
                     started.append(source)
@@ -224,7 +226,7 @@ class Scheduler:
                 self._pending.setdefault(source, deque()).appendleft(job)
         except ShuttingDown:
             pass  # nothing sent: the message stays uncommitted for the next owner
-        except Exception as exc:  # a bug: keep the offset unfinished rather than lose the URL
+        except Exception as exc:  # noqa: BLE001 - a bug: keep the offset unfinished rather than lose the URL
             log_event(EVENT_TASK_CRASHED, topic=job.tp[0], partition=job.tp[1], offset=job.offset,
                       error=repr(exc)[:500])
         finally:

@@ -11,9 +11,10 @@ arrived, a ``SEGMENT_STEP`` at a time: a hostile server announcing 50 MB and
 then trickling holds the memory it sent, not what it announced. The backing
 is reserved with ``posix_fallocate``, so running out of memory raises here
 instead of killing the worker with SIGBUS on a write into the mapping.
-Segments are reused: a fresh one pays page faults and zeroing on every page. The memfds have no name, so nothing outlives the
-worker, however it dies. Without ``memfd`` (not Linux) a segment is anonymous
-memory whose bytes go to the pool through its socket.
+Segments are reused: a fresh one pays page faults and zeroing on every page.
+The memfds have no name, so nothing outlives the worker, however it dies.
+Without ``memfd`` (not Linux) a segment is anonymous memory whose bytes go to
+the pool through its socket.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class Segment:
     def window(self, offset: int) -> memoryview:
         """Backed room from ``offset`` on: at least one byte unless the segment is full."""
         while offset >= self.backed and self.backed < self.span:
+            assert self.fd is not None  # without memfd the whole span is backed from the start
             size = min(SEGMENT_STEP, self.span - self.backed)
             try:
                 os.posix_fallocate(self.fd, self.backed, size)
@@ -88,7 +90,7 @@ class Body:
         self._data = data
 
     @classmethod
-    def of(cls, data: bytes) -> "Body":
+    def of(cls, data: bytes) -> Body:
         return cls(len(data), data=data)
 
     @property

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
 
 from redis.exceptions import RedisError
 

@@ -17,7 +17,8 @@ an S3-compatible store usually lives.
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
+from collections.abc import AsyncIterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import send_pace_key, source_requests_key, tokens_key

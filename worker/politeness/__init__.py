@@ -17,7 +17,9 @@ hop of a request, the first URL and each redirect target, in this order:
 """
 from __future__ import annotations
 
-from typing import AsyncContextManager, Mapping, Protocol
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
+from typing import Protocol
+from collections.abc import Mapping
 
 
 class Refused(Exception):

@@ -19,7 +19,7 @@ import asyncio
 import ipaddress
 import socket
 import time
-from typing import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -89,7 +89,7 @@ def allowed_results(host: str, results: Sequence[ResolveResult]) -> list[Resolve
 async def system_resolve(host: str, port: int) -> list[str]:
     """Addresses for host via the loop's executor, so the event loop never blocks."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [info[4][0] for info in infos]
+    return [str(info[4][0]) for info in infos]
 
 
 class AddressGuard:

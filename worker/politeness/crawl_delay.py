@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from common.contracts import crawl_delay_key
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from common.contracts import EVENT_RETRY_AFTER_RECEIVED
 from common.hosts import url_origin

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from email.utils import parsedate_to_datetime
-from typing import Mapping
+from collections.abc import Mapping
 
 from common.contracts import retry_after_key, tokens_key
 

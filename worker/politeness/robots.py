@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
 import aiohttp
@@ -71,7 +71,7 @@ class RobotsFile:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> "RobotsFile":
+    def from_json(cls, raw: str | bytes) -> RobotsFile:
         return cls(**json.loads(raw))
 
 
@@ -125,7 +125,7 @@ async def fetch_robots(session: aiohttp.ClientSession, origin: str,
                     return RobotsFile(DISALLOW_ALL, status=status)
                 return RobotsFile(ALLOW_ALL, status=status)  # 4xx: no rules for us
         return RobotsFile(ALLOW_ALL)  # RFC 9309: too many redirects means unavailable
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, Refused):
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError, Refused):
         return RobotsFile(DISALLOW_ALL)  # unreachable: assume complete disallow
 
 

@@ -7,7 +7,7 @@ Directives that themselves contain a colon (``unavailable_after: <date>``,
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 _DIRECTIVES_WITH_VALUES = {"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"}
 NO_THUMBNAIL_DIRECTIVES = frozenset({"noindex", "noimageindex", "none"})

@@ -4,7 +4,8 @@ hosts a long crawl meets."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

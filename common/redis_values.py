@@ -1,4 +1,4 @@
-"""Numbers read back from Redis, where other processes and operators write them."""
+"""Values read back from Redis, where other processes and operators write them."""
 from __future__ import annotations
 
 import math
@@ -29,3 +29,8 @@ def non_negative(raw: Any) -> float | None:
     """A rate or a time: finite and at least 0, else None."""
     value = finite_number(raw)
     return value if value is not None and value >= 0 else None
+
+
+def as_text(value: bytes | str) -> str:
+    """A reply as text, whether or not the client decodes responses."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
