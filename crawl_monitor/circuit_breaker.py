@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
 
 from common import contracts
 from common.redis_values import as_text
 from common.statuses import is_expected
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
+from common.protocols import AsyncRedis
 from crawl_monitor.constants import (BUCKET_TRIM_SECONDS, TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
                                      TEMP_HALT_WINDOW_SECONDS)
 
@@ -48,7 +48,7 @@ def _codes(statuses: list[str]) -> str:
 class CircuitBreaker:
     """Adds sources to ``temp_halted`` / ``halted``; the regulator then gives them no tokens."""
 
-    def __init__(self, redis: Any):
+    def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._next_bucket_trim = 0.0
 

@@ -14,10 +14,10 @@ import asyncio
 import os
 import socket
 import uuid
-from typing import Any
 
 from common import contracts
 from common.jsonlog import log_event
+from common.protocols import AsyncRedis
 from crawl_monitor.constants import LEASE_RENEW_SECONDS, LEASE_TTL_MS
 from crawl_monitor.periodic import Fatal
 
@@ -48,7 +48,7 @@ def holder_name() -> str:
 
 
 class MonitorLease:
-    def __init__(self, redis: Any, holder: str | None = None, ttl_ms: int = LEASE_TTL_MS):
+    def __init__(self, redis: AsyncRedis, holder: str | None = None, ttl_ms: int = LEASE_TTL_MS):
         self._redis = redis
         self.holder = holder or holder_name()
         self._ttl_ms = ttl_ms

@@ -14,6 +14,7 @@ from common import contracts
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import count, finite_number
+from common.protocols import AsyncRedis
 
 _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
 
@@ -21,7 +22,7 @@ _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
 class MonitoringLog:
     """Builds and logs each update; ``latest`` holds the last one for the dashboard."""
 
-    def __init__(self, redis: Any, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, redis: AsyncRedis, clock: Callable[[], float] = time.monotonic):
         self._redis = redis
         self._clock = clock
         self._previous: tuple[float, dict[str, int]] | None = None

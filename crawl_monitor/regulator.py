@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import zlib
 from datetime import datetime, UTC
-from typing import Any
 
 from common import contracts
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import non_negative
+from common.protocols import AsyncRedis
 from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
                                      UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
@@ -34,7 +34,7 @@ class Regulator:
     gets an explicit 0 whatever its rate.
     """
 
-    def __init__(self, redis: Any):
+    def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._computed: dict[str, float] = {}
         # Fractional tokens carried to the next second: 0.5 req/s gives 0, 1, 0, 1...

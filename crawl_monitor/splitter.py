@@ -24,6 +24,7 @@ from common import contracts
 from common.jsonlog import log_event
 from common.kafka import consumer_config, coordinates, ensure_topics, produce_waiting, producer_config
 from common.settings import Settings
+from common.protocols import SyncRedis
 from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
                                      SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS)
 
@@ -85,7 +86,7 @@ def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
 class Splitter:
     """One consumer, one producer and a Redis client, driven batch by batch from one thread."""
 
-    def __init__(self, consumer: Any, producer: Any, redis: Any,
+    def __init__(self, consumer: Consumer, producer: Producer, redis: SyncRedis,
                  create_topics: Callable[[list[str]], None], *,
                  inbound_topic: str = contracts.INBOUND_TOPIC, batch_size: int = SPLIT_BATCH_SIZE,
                  poll_seconds: float = SPLIT_POLL_SECONDS):

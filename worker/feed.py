@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from confluent_kafka import KafkaException, TopicPartition
 
@@ -34,6 +35,17 @@ class Batch:
     records: list[Record] = field(default_factory=list)
     assigned: list[TP] = field(default_factory=list)
     revoked: list[TP] = field(default_factory=list)
+
+
+class Feed(Protocol):
+    """What the scheduler needs of its source of URLs (``KafkaFeed``, or a test's fake)."""
+
+    async def subscribe(self, topics: list[str]) -> None: ...
+    async def poll(self, max_records: int, timeout: float) -> Batch: ...
+    async def pause(self, parts: list[TP]) -> None: ...
+    async def resume(self, parts: list[TP]) -> None: ...
+    async def commit(self, positions: dict[TP, int]) -> bool: ...
+    async def close(self) -> None: ...
 
 
 class KafkaFeed:

@@ -28,11 +28,12 @@ from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import non_negative
+from common.protocols import AsyncRedis, MessageProducer
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
                               POLL_BATCH, POLL_TIMEOUT, REFRESH_INTERVAL)
-from worker.feed import TP, KafkaFeed, Record
+from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
@@ -48,7 +49,7 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, feed: KafkaFeed, redis, handle: Handle, producer, tokens: TokenBuckets,
+    def __init__(self, feed: Feed, redis: AsyncRedis, handle: Handle, producer: MessageProducer, tokens: TokenBuckets,
                  rates: dict[str, float], max_tasks: int, shutdown_timeout: float):
         self._feed = feed
         self._redis = redis

@@ -24,11 +24,12 @@ from common.contracts import (LAST_50_LENGTH, MINUTE_WINDOW_SECONDS, NUM_RESIZED
                               STATUS_COUNT_WINDOWS, error_statuses_key, errors_key, last_50_key, one_minute_window_key,
                               resized_key, status_count_field, status_window_key)
 from common.jsonlog import log_event
+from common.protocols import AsyncRedis
 from worker.constants import STATS_TRIM_INTERVAL
 
 
 class Stats:
-    def __init__(self, redis):
+    def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._next_trim: dict[str, float] = {}  # source -> wall-clock time its windows are trimmed next
 

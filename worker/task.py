@@ -26,9 +26,11 @@ from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC,
 from common.jsonlog import log_event
 from common.settings import Settings
 from common.statuses import in_windows, is_retryable
+from common.protocols import MessageProducer
 from worker.constants import INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES
 from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
+from worker.thumbnails import ThumbnailStore
 from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.robots import product_token
 from worker.politeness.robots_tag import applicable_directives, forbids_thumbnail
@@ -52,7 +54,8 @@ async def persist(what: str, operation: Callable[[], Awaitable[T]],
 
 
 class ImageTask:
-    def __init__(self, fetcher: Fetcher, analyze: Analyze, thumbnails, producer, stats: Stats,
+    def __init__(self, fetcher: Fetcher, analyze: Analyze, thumbnails: ThumbnailStore,
+                 producer: MessageProducer, stats: Stats,
                  settings: Settings):
         self._fetcher = fetcher
         self._analyze = analyze

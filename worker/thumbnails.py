@@ -17,7 +17,7 @@ an S3-compatible store usually lives.
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 from collections.abc import AsyncIterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -57,6 +57,12 @@ class PutSigner:
         frozen = await self._credentials.get_frozen_credentials()
         S3SigV4QueryAuth(frozen, "s3", self._region, expires=S3_PRESIGN_SECONDS).add_auth(request)
         return request.url
+
+
+class ThumbnailStore(Protocol):
+    """Where thumbnails go (S3 in production, a dict in the unit tests)."""
+
+    async def put(self, uuid: str, jpeg: bytes) -> None: ...
 
 
 class S3Thumbnails:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import send_pace_key, source_requests_key, tokens_key
 from common.jsonlog import log_event
+from common.protocols import AsyncRedis
 from worker.constants import (FORFEIT_REPORT_SECONDS, PACE_MARGIN, STALE_TOKEN_SECONDS,
                               TOKEN_ANSWER_SMOOTHING, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
 
@@ -76,7 +77,7 @@ return {0, left, tostring(math.max(0, due - tolerance - now))}
 
 
 class TokenBuckets:
-    def __init__(self, redis, rate_of: Callable[[str], float | None] = lambda source: None):
+    def __init__(self, redis: AsyncRedis, rate_of: Callable[[str], float | None] = lambda source: None):
         self._redis = redis
         self._paced_decr = redis.register_script(PACED_DECR)
         self._rate_of = rate_of

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from common.contracts import EVENT_RETRY_AFTER_RECEIVED
 from common.hosts import url_origin
 from common.jsonlog import log_event
+from common.protocols import AsyncRedis
 from worker.politeness import RequestGate
 from worker.politeness.addresses import AddressGuard, Resolve, system_resolve
 from worker.politeness.crawl_delay import CrawlDelay
@@ -21,7 +22,7 @@ from worker.politeness.robots import RobotsCache, fetch_robots, origin_of, produ
 class PoliteGate:
     """Address guard, robots.txt, per-host cap, Crawl-delay and Retry-After."""
 
-    def __init__(self, redis, guard: AddressGuard, robots: RobotsCache, limiter: HostLimiter,
+    def __init__(self, redis: AsyncRedis, guard: AddressGuard, robots: RobotsCache, limiter: HostLimiter,
                  delay: CrawlDelay, clock: Callable[[], float] = time.time):
         self.redis = redis
         self.guard = guard

@@ -24,6 +24,7 @@ from common.contracts import (EVENT_ROBOTS_FETCHED, robots_key,
 from common.hosts import url_origin
 from common.jsonlog import log_event
 from common.statuses import Status
+from common.protocols import AsyncRedis
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.ttl_cache import TtlCache
@@ -132,7 +133,7 @@ async def fetch_robots(session: aiohttp.ClientSession, origin: str,
 class RobotsCache:
     """Rules per origin: process memory, then Redis, then one fetch for the cluster."""
 
-    def __init__(self, redis, fetch: Callable[[str], Awaitable[RobotsFile]], token: str,
+    def __init__(self, redis: AsyncRedis, fetch: Callable[[str], Awaitable[RobotsFile]], token: str,
                  clock: Callable[[], float] = time.monotonic):
         self._redis = redis
         self._fetch = fetch
