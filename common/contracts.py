@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, UTC
+from collections.abc import Callable
 from typing import Any
 
 from common.hosts import InvalidHost, url_origin
@@ -55,12 +56,19 @@ STATUS_COUNT_WINDOWS = {
 }
 
 
-def tokens_key(source: str) -> str:
-    return f"currtokens:{source}"
+def _keyed(prefix: str) -> Callable[[str], str]:
+    """The key function of a per-source (or per-origin) key, ``{prefix}:{name}``."""
+    def key(name: str) -> str:
+        return f"{prefix}:{name}"
+    return key
 
 
-def override_rate_key(source: str) -> str:
-    return f"override_rate:{source}"
+tokens_key = _keyed("currtokens")
+override_rate_key = _keyed("override_rate")
+last_50_key = _keyed("statuslast50req")
+resized_key = _keyed(NUM_RESIZED)
+# The statuses that have an errors_key(source, status) counter: read, never scanned for.
+error_statuses_key = _keyed("error_statuses")
 
 
 def status_window_key(prefix: str, source: str) -> str:
@@ -81,59 +89,22 @@ def bucket_of_field(field: str) -> int:
     return int(start) if start.isdigit() else -1
 
 
-def last_50_key(source: str) -> str:
-    return f"statuslast50req:{source}"
-
-
-def resized_key(source: str) -> str:
-    return f"{NUM_RESIZED}:{source}"
-
-
 def errors_key(source: str, status: str | None = None) -> str:
     return f"{RESIZE_ERRORS}:{source}" if status is None else f"{RESIZE_ERRORS}:{source}:{status}"
 
 
-def error_statuses_key(source: str) -> str:
-    """The statuses with an errors_key(source, status) counter: read, never scanned for."""
-    return f"error_statuses:{source}"
-
-
 # Keys beyond the original's table (SPEC.md §2), owned by this project (politeness state).
-def retry_after_key(source: str) -> str:
-    """Unix time until which a source gets no tokens (a 429/503 Retry-After)."""
-    return f"retry_after:{source}"
-
-
-def robots_key(origin: str) -> str:
-    return f"robots:{origin}"
-
-
-def robots_lock_key(origin: str) -> str:
-    return f"robots_lock:{origin}"
-
-
-def crawl_delay_key(origin: str) -> str:
-    return f"crawl_delay_next:{origin}"
-
-
-def rate_limit_key(source: str) -> str:
-    """The effective rate (req/s) the monitor grants a source, for workers and dashboards."""
-    return f"rate_limit:{source}"
-
-
-def source_requests_key(source: str) -> str:
-    """Every request a worker makes, for achieved-rate reporting."""
-    return f"num_requests:{source}"
-
-
+retry_after_key = _keyed("retry_after")  # Unix time until which a 429/503 Retry-After pauses a source
+robots_key = _keyed("robots")            # per origin
+robots_lock_key = _keyed("robots_lock")
+crawl_delay_key = _keyed("crawl_delay_next")
+rate_limit_key = _keyed("rate_limit")    # the rate (req/s) the monitor grants a source now
+source_requests_key = _keyed("num_requests")  # every request a worker makes, for achieved rates
+# Held for 1/rate s after each request to a source, so the cluster's requests are evenly spaced
+# (a bucket refilled once a second allows twice the rate within one second).
+send_pace_key = _keyed("send_pace")
 # Held by the one active monitor (crawl_monitor.lease); its value names the holder.
 MONITOR_LEASE = "monitor_lease"
-
-
-def send_pace_key(source: str) -> str:
-    """Held for 1/rate s after each request to a source, so the cluster's requests are evenly
-    spaced (a bucket refilled once a second allows twice the rate within one second)."""
-    return f"send_pace:{source}"
 
 
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.

@@ -87,19 +87,19 @@ class Settings:
             aws_access_key_id=get("AWS_ACCESS_KEY_ID", str, None),
             aws_secret_access_key=get("AWS_SECRET_ACCESS_KEY", str, None),
             aws_default_region=get("AWS_DEFAULT_REGION", str, d.aws_default_region),
-            target_resolution=get("TARGET_RESOLUTION", _int_in(16, 10_000), d.target_resolution),
-            max_tasks=get("MAX_TASKS", _int_in(1, 100_000), d.max_tasks),
-            max_retries=get("MAX_RETRIES", _int_in(0, 100), d.max_retries),
-            kafka_partitions=get("KAFKA_PARTITIONS", _int_in(1, 10_000), d.kafka_partitions),
+            target_resolution=get("TARGET_RESOLUTION", _in(int, 16, 10_000), d.target_resolution),
+            max_tasks=get("MAX_TASKS", _in(int, 1, 100_000), d.max_tasks),
+            max_retries=get("MAX_RETRIES", _in(int, 0, 100), d.max_retries),
+            kafka_partitions=get("KAFKA_PARTITIONS", _in(int, 1, 10_000), d.kafka_partitions),
             crawl_user_agent=get("CRAWL_USER_AGENT", _user_agent, d.crawl_user_agent),
             crawl_allow_private_networks=get("CRAWL_ALLOW_PRIVATE_NETWORKS", _bool, False),
-            max_image_bytes=get("MAX_IMAGE_BYTES", _int_in(1024, 2**40), d.max_image_bytes),
+            max_image_bytes=get("MAX_IMAGE_BYTES", _in(int, 1024, 2**40), d.max_image_bytes),
             crawl_per_host_connections=get(
-                "CRAWL_PER_HOST_CONNECTIONS", _int_in(1, 1000), d.crawl_per_host_connections),
-            monitor_port=get("MONITOR_PORT", _int_in(0, 65535), d.monitor_port),
-            shutdown_timeout=get("SHUTDOWN_TIMEOUT", _float_in(0, 3600), d.shutdown_timeout),
+                "CRAWL_PER_HOST_CONNECTIONS", _in(int, 1, 1000), d.crawl_per_host_connections),
+            monitor_port=get("MONITOR_PORT", _in(int, 0, 65535), d.monitor_port),
+            shutdown_timeout=get("SHUTDOWN_TIMEOUT", _in(float, 0, 3600), d.shutdown_timeout),
             kafka_leave_group=get("KAFKA_LEAVE_GROUP", _bool, d.kafka_leave_group),
-            body_budget_bytes=get("BODY_BUDGET_BYTES", _int_in(1 << 20, 2**48), d.body_budget_bytes),
+            body_budget_bytes=get("BODY_BUDGET_BYTES", _in(int, 1 << 20, 2**48), d.body_budget_bytes),
         )
 
     def s3_client_kwargs(self) -> dict[str, str]:
@@ -119,18 +119,13 @@ def _nonempty(raw: str) -> str:
     return raw
 
 
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        value = int(raw)
-        if not low <= value <= high:
-            raise ValueError(f"must be between {low} and {high}")
-        return value
-    return parse
+N = TypeVar("N", int, float)
 
 
-def _float_in(low: float, high: float) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        value = float(raw)
+def _in(kind: Callable[[str], N], low: N, high: N) -> Callable[[str], N]:
+    """A parser of ``kind`` (int or float) that refuses values outside [low, high]."""
+    def parse(raw: str) -> N:
+        value = kind(raw)
         if not low <= value <= high:
             raise ValueError(f"must be between {low} and {high}")
         return value

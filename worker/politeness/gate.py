@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from collections.abc import AsyncIterator, Callable, Mapping
 
@@ -19,17 +20,16 @@ from worker.politeness.retry_after import extend_pause, pause_seconds
 from worker.politeness.robots import RobotsCache, fetch_robots, origin_of, product_token
 
 
+@dataclass
 class PoliteGate:
     """Address guard, robots.txt, per-host cap, Crawl-delay and Retry-After."""
 
-    def __init__(self, redis: AsyncRedis, guard: AddressGuard, robots: RobotsCache, limiter: HostLimiter,
-                 delay: CrawlDelay, clock: Callable[[], float] = time.time):
-        self.redis = redis
-        self.guard = guard
-        self.robots = robots
-        self.limiter = limiter
-        self.delay = delay
-        self.clock = clock
+    redis: AsyncRedis
+    guard: AddressGuard
+    robots: RobotsCache
+    limiter: HostLimiter
+    delay: CrawlDelay
+    clock: Callable[[], float] = time.time
 
     async def before_request(self, url: str, source: str) -> None:
         await self.guard.check(url)

@@ -45,7 +45,7 @@ module "image_crawler" {
 locals {
   data_store_access = {
     for pair in setproduct(["monitor", "worker"], ["redis", "kafka"]) : "${pair[0]}-${pair[1]}" => {
-      from_group = pair[0] == "monitor" ? module.image_crawler.monitor_security_group_id : module.image_crawler.worker_security_group_id
+      from_group = module.image_crawler.security_group_ids[pair[0]]
       to_group   = pair[1] == "redis" ? var.redis_security_group_id : var.kafka_security_group_id
       port       = pair[1] == "redis" ? var.redis_port : var.kafka_port
     }

@@ -11,14 +11,9 @@ output "worker_private_ips" {
   value = aws_instance.worker[*].private_ip
 }
 
-output "monitor_security_group_id" {
-  description = "Allow it into the Redis and Kafka security groups."
-  value       = aws_security_group.monitor.id
-}
-
-output "worker_security_group_id" {
-  description = "Allow it into the Redis and Kafka security groups."
-  value       = aws_security_group.worker.id
+output "security_group_ids" {
+  description = "The monitor's and the workers' security groups, by role: allow them into the Redis and Kafka groups."
+  value       = { monitor = aws_security_group.monitor.id, worker = aws_security_group.worker.id }
 }
 
 output "instance_role_name" {
