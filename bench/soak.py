@@ -4,7 +4,9 @@ The real processes (a monitor, two workers) on the local stack crawl a simulated
 of several sources with some errors (404, 410, broken bodies, robots.txt rules, 500s,
 429s), fed a fresh slice of unique URLs every few seconds for ``--minutes``. It prints
 outcomes per URL produced (duplicates, which at-least-once allows, counted apart), and
-every minute each process's RSS and open files and Redis's memory and keys.
+every minute each process's RSS and open files and Redis's memory and keys, and at every
+``--every`` URLs with an outcome how much each of them grew since the last such checkpoint
+(does anything grow with the number of requests?).
 
 A URL without an outcome is reconciled before anything is concluded: the outcome topics
 are read again from the start by a fresh consumer (was it there, and the first reader
@@ -48,15 +50,48 @@ def behaviours(sources: int, rate: float) -> list[Behaviour]:
             for i in range(sources)]
 
 
-def sample(cluster: Cluster, client: redis.Redis, started: float) -> str:
-    info = client.info("memory")
-    parts = [f"{time.time() - started:6.0f} s", f"redis {info['used_memory'] / 2**20:7.1f} MiB "
-             f"{client.dbsize():6d} keys"]
+def measure(cluster: Cluster, client: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Redis (used memory, keys) and every live process's (RSS, open files), by name."""
+    figures = {"redis": (int(client.info("memory")["used_memory"]), int(client.dbsize()))}
     for child in cluster.children:
         if child.alive():
-            rss, files = proc_rss_and_files(child.pid)
-            parts.append(f"{child.name} {rss / 2**20:6.1f} MiB {files:4d} fds")
+            figures[child.name] = proc_rss_and_files(child.pid)
+    return figures
+
+
+def sample(cluster: Cluster, client: redis.Redis, started: float) -> str:
+    figures = measure(cluster, client)
+    memory, keys = figures.pop("redis")
+    parts = [f"{time.time() - started:6.0f} s", f"redis {memory / 2**20:7.1f} MiB {keys:6d} keys"]
+    parts += [f"{name} {rss / 2**20:6.1f} MiB {files:4d} fds" for name, (rss, files) in figures.items()]
     return " | ".join(parts)
+
+
+class Growth:
+    """Prints, every ``every`` URLs with an outcome, what each figure grew since the last checkpoint."""
+
+    def __init__(self, every: int):
+        self.every, self._next, self._last = every, every, None
+        self._last_done = 0
+
+    def check(self, done: int, cluster: Cluster, client: redis.Redis) -> None:
+        if done < self._next:
+            return
+        figures = measure(cluster, client)
+        if self._last is not None:
+            per_1000 = 1000 / max(1, done - self._last_done)
+            memory, keys = (now - before for now, before in zip(figures["redis"], self._last["redis"], strict=True))
+            parts = [f"{done:7d} with outcome", f"redis {memory / 1024:+8.0f} KiB "
+                     f"({memory * per_1000 / 1024:+6.1f} KiB per 1,000) {keys:+6d} keys"]
+            parts += [f"{name} {(rss - self._last[name][0]) / 2**20:+6.1f} MiB "
+                      f"{files - self._last[name][1]:+4d} fds"
+                      for name, (rss, files) in figures.items() if name != "redis" and name in self._last]
+            print("growth: " + " | ".join(parts), flush=True)
+        else:
+            print(f"growth: first checkpoint at {done} with outcome (warm-up); growth is measured from here",
+                  flush=True)
+        self._last, self._last_done = figures, done
+        self._next = done - done % self.every + self.every
 
 
 def main() -> None:
@@ -65,6 +100,8 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=24)
     parser.add_argument("--rate", type=float, default=60.0, help="summed limits, req/s")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--every", type=int, default=10_000,
+                        help="print growth every this many URLs with an outcome")
     args = parser.parse_args()
 
     total = int(args.rate * args.minutes * 60)
@@ -83,6 +120,7 @@ def main() -> None:
             started = time.time()
             per_slice = max(1, int(args.rate * FEED_EVERY))
             fed, next_sample, last_progress = 0, started, started
+            growth = Growth(args.every)
             while fed < len(plan) or (not outcomes.done and time.time() < last_progress + STALL):
                 if fed < len(plan) and time.time() >= started + fed / per_slice * FEED_EVERY:
                     cluster.schedule(write_tsv(web, plan[fed:fed + per_slice], folder / "slice.tsv"))
@@ -92,6 +130,7 @@ def main() -> None:
                     next_sample += SAMPLE_EVERY
                 if outcomes.poll(0.5):
                     last_progress = time.time()
+                    growth.check(len(outcomes.kinds), cluster, client)
                 dead = cluster.died()
                 if dead:
                     raise SystemExit(f"{dead[0].name} died: see {dead[0].log_path}")
