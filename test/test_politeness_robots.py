@@ -214,3 +214,36 @@ async def test_a_worker_that_read_an_empty_cache_does_not_fetch_again(redis_clie
     await worker_a.check("http://race.example/a")
     await b_checking
     assert calls == ["http://race.example:80"]
+
+
+async def test_a_holder_whose_lock_expired_leaves_the_next_holders_lock(redis_client):
+    """Worker A's fetch outlives its lock; B takes the lock; A's release must not delete B's."""
+    origin = "http://slowlock.example:80"
+    fetching = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def slow_fetch(_origin: str) -> RobotsFile:
+        fetching.set()
+        await finish.wait()
+        return RobotsFile(ALLOW_ALL)
+
+    worker_a = asyncio.ensure_future(RobotsCache(redis_client, slow_fetch, TOKEN).check(origin + "/x"))
+    await asyncio.wait_for(fetching.wait(), 5)
+    await redis_client.set(robots_lock_key(origin), "worker-b-token", ex=100)  # A's expired, B's now
+    finish.set()
+    await asyncio.wait_for(worker_a, 5)
+    assert await redis_client.get(robots_lock_key(origin)) == "worker-b-token"
+
+
+async def test_the_lock_outlives_the_longest_fetch(redis_client):
+    """Six hops of FETCH_TIMEOUT each: the lock must not expire while the holder is still fetching."""
+    from worker.politeness.robots import FETCH_TIMEOUT, MAX_REDIRECTS
+    origin = "http://ttl.example:80"
+    ttls = []
+
+    async def fetch(_origin: str) -> RobotsFile:
+        ttls.append(await redis_client.ttl(robots_lock_key(origin)))
+        return RobotsFile(ALLOW_ALL)
+
+    await RobotsCache(redis_client, fetch, TOKEN).check(origin + "/x")
+    assert ttls and ttls[0] > (MAX_REDIRECTS + 1) * FETCH_TIMEOUT

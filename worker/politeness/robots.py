@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
 import aiohttp
 from protego import Protego
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError
 
 from common.contracts import (EVENT_ROBOTS_FETCHED, robots_key,
                               robots_lock_key)
@@ -33,8 +34,11 @@ ROBOTS_TTL = 24 * 3600            # RFC 9309: cache no longer than 24 hours
 UNREACHABLE_TTL = 10 * 60         # 5xx / network error: disallow all, retry soon
 MAX_BYTES = 500 * 1024            # RFC 9309: parse at least 500 KiB; we read no more
 MAX_REDIRECTS = 5                 # RFC 9309: follow at least five
-FETCH_TIMEOUT = 20.0
-LOCK_SECONDS = 30                 # longer than a fetch, so a live holder keeps it
+FETCH_TIMEOUT = 20.0              # per hop
+# The whole fetch, every hop together, is cut off here; the lock outlives it (and the Redis
+# write after it), so a live holder never loses its lock to a second fetcher.
+FETCH_DEADLINE = (MAX_REDIRECTS + 1) * FETCH_TIMEOUT
+LOCK_SECONDS = FETCH_DEADLINE + 30
 POLL_SECONDS = 0.1
 WAIT_SECONDS = 60.0               # a dead holder's lock expires, then a waiter fetches
 MEMORY_SECONDS = 120.0
@@ -130,6 +134,13 @@ async def fetch_robots(session: aiohttp.ClientSession, origin: str,
         return RobotsFile(DISALLOW_ALL)  # unreachable: assume complete disallow
 
 
+async def _release(lock: Lock) -> None:
+    try:
+        await lock.release()
+    except LockError:
+        pass  # expired, perhaps taken by another worker since: theirs now, left alone
+
+
 class RobotsCache:
     """Rules per origin: process memory, then Redis, then one fetch for the cluster."""
 
@@ -163,24 +174,33 @@ class RobotsCache:
         self._memory.put(origin, rules, min(ttl, MEMORY_SECONDS))
         return rules
 
+    async def _fetch_within_deadline(self, origin: str) -> RobotsFile:
+        try:
+            async with asyncio.timeout(FETCH_DEADLINE):
+                return await self._fetch(origin)
+        except TimeoutError:
+            return RobotsFile(DISALLOW_ALL)  # unreachable in time
+
     async def _shared_file(self, origin: str) -> tuple[RobotsFile, float]:
         deadline = self._clock() + WAIT_SECONDS
-        lock, me = robots_lock_key(origin), uuid.uuid4().hex
         while True:
             raw = await self._redis.get(robots_key(origin))
             if raw is not None:
                 return RobotsFile.from_json(raw), MEMORY_SECONDS
-            if await self._redis.set(lock, me, nx=True, ex=LOCK_SECONDS):
-                # Another worker may have stored the file between our read and our lock.
-                raw = await self._redis.get(robots_key(origin))
-                if raw is not None:
-                    await self._redis.delete(lock)
-                    return RobotsFile.from_json(raw), MEMORY_SECONDS
+            # Token-checked: released only if still ours, so a holder whose lock expired
+            # never deletes the lock a second fetcher has taken since.
+            lock = Lock(self._redis, robots_lock_key(origin), timeout=LOCK_SECONDS,  # type: ignore[arg-type]
+                        blocking=False, thread_local=False)
+            if await lock.acquire():
                 try:
-                    file = await self._fetch(origin)
+                    # Another worker may have stored the file between our read and our lock.
+                    raw = await self._redis.get(robots_key(origin))
+                    if raw is not None:
+                        return RobotsFile.from_json(raw), MEMORY_SECONDS
+                    file = await self._fetch_within_deadline(origin)
                     await self._redis.set(robots_key(origin), file.to_json(), ex=file.ttl)
                 finally:
-                    await self._redis.delete(lock)
+                    await _release(lock)
                 log_event(EVENT_ROBOTS_FETCHED, origin=origin, verdict=file.verdict,
                           status=file.status, bytes=len(file.body))
                 return file, MEMORY_SECONDS
