@@ -27,7 +27,8 @@ async def test_an_unavailable_robots_txt_sends_the_url_to_wait_not_to_an_end():
     (waiting,) = run.producer.on(ROBOTS_WAIT_TOPICS[0])
     assert abs(waiting["not_before"] - (time.time() + 30)) < 5 and waiting["due"] <= waiting["not_before"]
     assert abs(waiting["robots_wait_since"] - time.time()) < 5
-    assert parse_crawl_request(json.dumps(waiting)) == replace(run.request, robots_wait_since=waiting["robots_wait_since"])
+    since = waiting["robots_wait_since"]
+    assert parse_crawl_request(json.dumps(waiting)) == replace(run.request, robots_wait_since=since)
 
 
 async def test_a_url_that_waited_past_the_give_up_ends_as_robots_unavailable():
