@@ -63,14 +63,21 @@ async def run(settings: Settings) -> None:
                 loop.add_signal_handler(signum, scheduler.stop)
             log_event(EVENT_WORKER_STARTED, max_tasks=settings.max_tasks, processes=pool.processes)
             waiting = asyncio.create_task(wait_line.run())
+            # A wait line that died would leave waiting URLs uncommitted until this worker
+            # stops: stop it now, so its supervisor restarts it and they come back.
+            waiting.add_done_callback(lambda done: None if done.cancelled() or done.exception() is None
+                                      else scheduler.stop())
             try:
                 await scheduler.run()
             finally:
                 wait_line.stop()
                 try:
                     await asyncio.wait_for(waiting, settings.shutdown_timeout)
-                except Exception as exc:  # noqa: BLE001 - its URLs stay uncommitted for another worker
+                except TimeoutError:
+                    pass  # cancelled mid-poll: what it had not handed on is read again from the commit
+                except Exception as exc:
                     log_event(EVENT_TASK_CRASHED, topic="robots_wait", error=repr(exc)[:500])
+                    raise  # exit non-zero: a bug, for the supervisor and the operator to see
     finally:
         undelivered = await producer.close(settings.shutdown_timeout)
         await wait_consumer.close(leave_group=settings.kafka_leave_group)
