@@ -22,10 +22,14 @@ METADATA_TOPIC = "image_metadata_updates"
 LINK_ROT_TOPIC = "link_rot"
 CRAWL_ERRORS_TOPIC = "crawl_errors"
 REJECTED_TOPIC = "rejected_messages"
+# URLs waiting for their host's robots.txt to be reachable (worker.robots_wait): one topic
+# per length of wait, so each is in the order its messages fall due.
+ROBOTS_WAIT_TOPICS = ("robots_wait_30s", "robots_wait_5m", "robots_wait_1h")
 
 # Consumer groups: every worker shares one group so Kafka spreads partitions.
 SPLITTER_GROUP = "crawl_monitor_splitter"
 WORKER_GROUP = "image_crawler_workers"
+ROBOTS_WAIT_GROUP = "image_crawler_robots_wait"
 
 
 def source_topic(source: str) -> str:
@@ -209,11 +213,15 @@ class CrawlRequest:
     uuid: str
     source: str
     attempts: int = 0
+    # Unix time robots.txt of the URL's host was first found unavailable; None: never.
+    robots_wait_since: float | None = None
 
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {"url": self.url, "uuid": self.uuid, "source": self.source, "attempts": self.attempts}
-        ).encode()
+    def to_json(self, **extra: Any) -> bytes:
+        fields: dict[str, Any] = {"url": self.url, "uuid": self.uuid, "source": self.source,
+                                  "attempts": self.attempts}
+        if self.robots_wait_since is not None:
+            fields["robots_wait_since"] = self.robots_wait_since
+        return json.dumps({**fields, **extra}).encode()
 
 
 def validate_url(url: Any) -> str:
@@ -258,7 +266,15 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
     attempts = data.get("attempts", 0)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
         raise InvalidMessage("attempts must be a non-negative integer")
-    return CrawlRequest(url=url, uuid=uuid, source=source, attempts=attempts)
+    since = data.get("robots_wait_since")
+    if since is not None and not _unix_time(since):
+        raise InvalidMessage("robots_wait_since must be a Unix time in seconds")
+    return CrawlRequest(url=url, uuid=uuid, source=source, attempts=attempts,
+                        robots_wait_since=None if since is None else float(since))
+
+
+def _unix_time(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < 1e11
 
 
 # --- Outbound message shapes (SPEC.md §1) -------------------------------------

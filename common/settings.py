@@ -55,6 +55,8 @@ class Settings:
     shutdown_timeout: float = 30.0
     kafka_leave_group: bool = True
     body_budget_bytes: int = field(default_factory=lambda: default_body_budget())
+    robots_cache_bytes: int = 64 << 20
+    robots_unavailable_give_up: float = 24 * 3600.0
 
     def __post_init__(self) -> None:
         # Half a key pair is a mistake, not a request for some other identity: botocore's
@@ -100,6 +102,9 @@ class Settings:
             shutdown_timeout=get("SHUTDOWN_TIMEOUT", _in(float, 0, 3600), d.shutdown_timeout),
             kafka_leave_group=get("KAFKA_LEAVE_GROUP", _bool, d.kafka_leave_group),
             body_budget_bytes=get("BODY_BUDGET_BYTES", _in(int, 1 << 20, 2**48), d.body_budget_bytes),
+            robots_cache_bytes=get("ROBOTS_CACHE_BYTES", _in(int, 1 << 20, 2**40), d.robots_cache_bytes),
+            robots_unavailable_give_up=get("ROBOTS_UNAVAILABLE_GIVE_UP", _in(float, 0, 365 * 86400),
+                                           d.robots_unavailable_give_up),
         )
 
     def s3_client_kwargs(self) -> dict[str, str]:

@@ -24,6 +24,7 @@ class Status(StrEnum):
     INVALID_URL = "InvalidURL"                   # a URL that cannot be sent as it is
     FORBIDDEN_ADDRESS = "ForbiddenAddress"       # the SSRF guard: not a globally routable address
     ROBOTS_DISALLOWED = "RobotsDisallowed"       # the site's robots.txt says no
+    ROBOTS_UNAVAILABLE = "RobotsUnavailable"     # robots.txt unreachable for ROBOTS_UNAVAILABLE_GIVE_UP
     UNIDENTIFIED_IMAGE = "UnidentifiedImageError"  # the body is no image Pillow knows
     DECOMPRESSION_BOMB = "DecompressionBomb"     # more pixels than MAX_IMAGE_PIXELS
     IMAGE_WORKER_CRASHED = "ImageWorkerCrashed"  # the decoder died on it, twice
@@ -34,7 +35,8 @@ class Status(StrEnum):
 # class name) is neither retried nor expected.
 RETRYABLE = frozenset({Status.TIMEOUT, Status.SERVER_DISCONNECTED, Status.CONNECTION_ERROR})
 EXPECTED = frozenset({Status.UNIDENTIFIED_IMAGE, Status.ROBOTS_DISALLOWED})
-NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS})  # refused before anything could reach the site
+# Refused before the image was requested: the windows judge the site's answers to requests.
+NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS, Status.ROBOTS_UNAVAILABLE})
 EXPECTED_HTTP = frozenset({200, 404, 410})  # and every 3xx
 
 

@@ -42,7 +42,8 @@ class Hit:
 class Site:
     """An aiohttp site on 127.0.0.1 at a free port; other paths get ``default``."""
 
-    def __init__(self, pages: Mapping[str, Page] | None = None, default: Page | None = None):
+    def __init__(self, pages: Mapping[str, Page] | None = None, default: Page | None = None, port: int = 0):
+        self.port = port
         self.pages = dict(pages or {})
         self.default = default or Page()
         self.hits: list[Hit] = []
@@ -67,7 +68,7 @@ class Site:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         return self
 

@@ -12,7 +12,7 @@ from test.sites import TEST_USER_AGENT, Page, Site
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, MAX_BYTES, RULES, ROBOTS_TTL,
-                                      UNREACHABLE_TTL, RobotsCache, RobotsFile, Rules,
+                                      UNAVAILABLE, Backoff, RobotsCache, RobotsFile, Rules,
                                       fetch_robots, origin_of, product_token)
 
 TOKEN = "polite-test-bot"
@@ -27,7 +27,7 @@ async def session():
 
 @pytest.mark.parametrize("status, verdict", [
     (200, RULES), (204, RULES), (401, ALLOW_ALL), (403, ALLOW_ALL), (404, ALLOW_ALL),
-    (410, ALLOW_ALL), (429, DISALLOW_ALL), (500, DISALLOW_ALL), (503, DISALLOW_ALL),
+    (410, ALLOW_ALL), (429, UNAVAILABLE), (500, UNAVAILABLE), (503, UNAVAILABLE),
 ])
 async def test_status_decides_the_verdict(session, status, verdict):
     async with Site({"/robots.txt": Page(status, body="Disallow: /")}) as site:
@@ -36,11 +36,11 @@ async def test_status_decides_the_verdict(session, status, verdict):
     assert site.hits[0].user_agent == TEST_USER_AGENT
 
 
-async def test_network_error_disallows_all(session):
+async def test_network_error_is_unavailable(session):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed when the fetch runs: connection refused
-    assert (await fetch_robots(session, f"http://127.0.0.1:{port}", OPEN)).verdict == DISALLOW_ALL
+    assert (await fetch_robots(session, f"http://127.0.0.1:{port}", OPEN)).verdict == UNAVAILABLE
 
 
 async def test_forbidden_address_is_never_fetched(session):
@@ -147,11 +147,44 @@ async def test_one_fetch_for_many_concurrent_urls_and_other_workers(redis_client
     assert await redis_client.get(robots_lock_key("http://h.example:80")) is None
 
 
-async def test_unreachable_verdict_is_cached_briefly(redis_client):
-    fetch, _ = counting_fetch(RobotsFile(DISALLOW_ALL, status=503))
-    with pytest.raises(Refused):
-        await RobotsCache(redis_client, fetch, TOKEN).check("https://down.example/x")
-    assert 0 < await redis_client.ttl(robots_key("https://down.example:443")) <= UNREACHABLE_TTL
+async def test_unavailable_is_retried_with_backoff_and_never_disallows(redis_client):
+    """503: the URL is refused as RobotsUnavailable with a retry time; the retries back off
+    30 s, 60 s, ... up to an hour; once robots.txt answers, its rules decide."""
+    wall, clock = Clock(), Clock()
+    answers = [RobotsFile(UNAVAILABLE, status=503)] * 9 + [RobotsFile(RULES, "User-agent: *\nDisallow: /no\n")]
+    calls = []
+
+    async def fetch(origin: str) -> RobotsFile:
+        calls.append(wall.now)
+        return answers[len(calls) - 1]
+
+    cache = RobotsCache(redis_client, fetch, TOKEN, clock=clock, wall=wall)
+    waits = []
+    for _ in range(9):
+        with pytest.raises(Refused, match="RobotsUnavailable") as refused:
+            await cache.check("https://down.example/x")
+        waits.append(refused.value.retry_at - wall.now)
+        with pytest.raises(Refused, match="RobotsUnavailable"):  # before it is due: no new fetch
+            await cache.check("https://down.example/y")
+        wall.now += waits[-1]
+        clock.now += waits[-1]
+    assert waits == [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]
+    assert len(calls) == 9
+    await cache.check("https://down.example/x")
+    with pytest.raises(Refused, match="RobotsDisallowed"):
+        await cache.check("https://down.example/no")
+    assert len(calls) == 10
+    assert ROBOTS_TTL - 5 < await redis_client.ttl(robots_key("https://down.example:443")) <= ROBOTS_TTL
+
+
+async def test_a_waiter_that_gives_up_defers_rather_than_disallows(redis_client, monkeypatch):
+    monkeypatch.setattr("worker.politeness.robots.WAIT_SECONDS", 0.3)
+    origin = "http://held.example:80"
+    await redis_client.set(robots_lock_key(origin), "another-worker", ex=30)
+    fetch, calls = counting_fetch(RobotsFile(ALLOW_ALL))
+    with pytest.raises(Refused, match="RobotsUnavailable") as refused:
+        await RobotsCache(redis_client, fetch, TOKEN, backoff=Backoff(5, 50)).check(origin + "/x")
+    assert refused.value.retry_at is not None and calls == []
 
 
 async def test_memory_cache_spares_redis_until_it_expires(redis_client):
@@ -214,3 +247,36 @@ async def test_a_worker_that_read_an_empty_cache_does_not_fetch_again(redis_clie
     await worker_a.check("http://race.example/a")
     await b_checking
     assert calls == ["http://race.example:80"]
+
+
+async def test_a_holder_whose_lock_expired_leaves_the_next_holders_lock(redis_client):
+    """Worker A's fetch outlives its lock; B takes the lock; A's release must not delete B's."""
+    origin = "http://slowlock.example:80"
+    fetching = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def slow_fetch(_origin: str) -> RobotsFile:
+        fetching.set()
+        await finish.wait()
+        return RobotsFile(ALLOW_ALL)
+
+    worker_a = asyncio.ensure_future(RobotsCache(redis_client, slow_fetch, TOKEN).check(origin + "/x"))
+    await asyncio.wait_for(fetching.wait(), 5)
+    await redis_client.set(robots_lock_key(origin), "worker-b-token", ex=100)  # A's expired, B's now
+    finish.set()
+    await asyncio.wait_for(worker_a, 5)
+    assert await redis_client.get(robots_lock_key(origin)) == "worker-b-token"
+
+
+async def test_the_lock_outlives_the_longest_fetch(redis_client):
+    """Six hops of FETCH_TIMEOUT each: the lock must not expire while the holder is still fetching."""
+    from worker.politeness.robots import FETCH_TIMEOUT, MAX_REDIRECTS
+    origin = "http://ttl.example:80"
+    ttls = []
+
+    async def fetch(_origin: str) -> RobotsFile:
+        ttls.append(await redis_client.ttl(robots_lock_key(origin)))
+        return RobotsFile(ALLOW_ALL)
+
+    await RobotsCache(redis_client, fetch, TOKEN).check(origin + "/x")
+    assert ttls and ttls[0] > (MAX_REDIRECTS + 1) * FETCH_TIMEOUT

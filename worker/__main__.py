@@ -14,9 +14,9 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOPPED
-from common.contracts import WORKER_GROUP
+from common.contracts import EVENT_TASK_CRASHED, ROBOTS_WAIT_GROUP, ROBOTS_WAIT_TOPICS, WORKER_GROUP
 from common.jsonlog import log_event
-from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, producer_config
+from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, ensure_topics, producer_config
 from common.settings import Settings, load_settings
 from worker.constants import CONSUMER_EXTRA_CONFIG
 from worker.feed import KafkaFeed
@@ -25,6 +25,7 @@ from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver, build_connector
 from worker.politeness.gate import build_gate
 from worker.pool import ImagePool
+from worker.robots_wait_line import RobotsWaitLine
 from worker.scheduler import Scheduler
 from worker.stats import Stats
 from worker.task import ImageTask
@@ -36,6 +37,8 @@ async def run(settings: Settings) -> None:
     redis = aioredis.from_url(settings.redis_url, decode_responses=True)
     producer = AsyncProducer(producer_config(settings.kafka_hosts))
     consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
+    # URLs waiting for robots.txt come back through a consumer of their own (worker.robots_wait).
+    wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, ROBOTS_WAIT_GROUP))
     pool = ImagePool()
     connector = build_connector(settings, limit=settings.max_tasks,
                                 limit_per_host=settings.crawl_per_host_connections)
@@ -53,13 +56,31 @@ async def run(settings: Settings) -> None:
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
             scheduler = Scheduler(KafkaFeed(consumer), redis, task.process, producer, tokens, rates,
                                   settings.max_tasks, settings.shutdown_timeout)
+            wait_line = RobotsWaitLine(KafkaFeed(wait_consumer), producer, create_topics=lambda: asyncio.to_thread(
+                ensure_topics, settings.kafka_hosts, ROBOTS_WAIT_TOPICS, settings.kafka_partitions))
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, scheduler.stop)
             log_event(EVENT_WORKER_STARTED, max_tasks=settings.max_tasks, processes=pool.processes)
-            await scheduler.run()
+            waiting = asyncio.create_task(wait_line.run())
+            # A wait line that died would leave waiting URLs uncommitted until this worker
+            # stops: stop it now, so its supervisor restarts it and they come back.
+            waiting.add_done_callback(lambda done: None if done.cancelled() or done.exception() is None
+                                      else scheduler.stop())
+            try:
+                await scheduler.run()
+            finally:
+                wait_line.stop()
+                try:
+                    await asyncio.wait_for(waiting, settings.shutdown_timeout)
+                except TimeoutError:
+                    pass  # cancelled mid-poll: what it had not handed on is read again from the commit
+                except Exception as exc:
+                    log_event(EVENT_TASK_CRASHED, topic="robots_wait", error=repr(exc)[:500])
+                    raise  # exit non-zero: a bug, for the supervisor and the operator to see
     finally:
         undelivered = await producer.close(settings.shutdown_timeout)
+        await wait_consumer.close(leave_group=settings.kafka_leave_group)
         await consumer.close(leave_group=settings.kafka_leave_group)
         await images.close()
         await session.close()

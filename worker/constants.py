@@ -81,6 +81,12 @@ STALE_TOKEN_SECONDS = 0.05
 TOKEN_ANSWER_SMOOTHING = 0.1
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute
 
+# --- URLs waiting for robots.txt (worker/robots_wait.py) ------------------------
+# The length of a turn in each wait topic (common.contracts.ROBOTS_WAIT_TOPICS): a wait
+# takes the longest turn it covers, so an hour's wait is one message, not 120.
+ROBOTS_WAIT_TIER_SECONDS = (30.0, 300.0, 3600.0)
+ROBOTS_WAIT_POLL_SECONDS = 0.5  # how late past its time a waiting URL may be handed back
+
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
 POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages

@@ -49,11 +49,13 @@ class Fetched:
 
 
 class FetchError(Exception):
-    def __init__(self, status: str, http_status: int | None = None, token_wait: float = 0.0):
+    def __init__(self, status: str, http_status: int | None = None, token_wait: float = 0.0,
+                 retry_at: float | None = None):
         super().__init__(status)
         self.status = status              # the Redis status name, also the crawl_errors reason
         self.http_status = http_status    # crawl_errors "status"
         self.token_wait = token_wait
+        self.retry_at = retry_at          # a refusal for now only (RobotsUnavailable): ask again then
 
 
 class Fetcher:
@@ -145,7 +147,7 @@ def _as_sent(location: str) -> str:
 def _classify(exc: Exception, waited: float) -> FetchError:
     name: str
     if isinstance(exc, Refused):  # the gate's, or the SSRF guard's at connect time
-        return FetchError(exc.reason, token_wait=waited)
+        return FetchError(exc.reason, token_wait=waited, retry_at=exc.retry_at)
     if isinstance(exc, TimeoutError):  # connect, silence or total
         name = Status.TIMEOUT
     elif isinstance(exc, ssl.SSLError):

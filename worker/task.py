@@ -3,7 +3,10 @@
 Outcomes: a quality message (plus the EXIF message and the thumbnail) on
 success; ``link_rot`` for 404 and 410; a retry through ``inbound_images``
 for transient failures while attempts remain; ``crawl_errors`` for every
-other end. ``process`` returns only once its outcome is acknowledged, so
+other end. A URL whose host's robots.txt cannot be had is no outcome yet: it
+waits in a wait topic (``worker.robots_wait``) and comes back, up to
+``ROBOTS_UNAVAILABLE_GIVE_UP`` after it first found robots.txt unavailable.
+``process`` returns only once its outcome (or its wait) is acknowledged, so
 the scheduler can commit the message's offset.
 
 Failures of our own infrastructure (Kafka, S3, Redis) are never a URL's
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, TypeVar
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -25,7 +29,7 @@ from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC,
                               quality_message)
 from common.jsonlog import log_event
 from common.settings import Settings
-from common.statuses import in_windows, is_retryable
+from common.statuses import Status, in_windows, is_retryable
 from common.protocols import MessageProducer
 from worker.constants import INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES
 from worker.fetch import Fetched, FetchError, Fetcher
@@ -34,6 +38,7 @@ from worker.thumbnails import ThumbnailStore
 from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.robots import product_token
 from worker.politeness.robots_tag import applicable_directives, forbids_thumbnail
+from worker.robots_wait import wait_message
 from worker.stats import Stats
 
 T = TypeVar("T")
@@ -65,6 +70,7 @@ class ImageTask:
         self._target = settings.target_resolution
         self._max_retries = settings.max_retries
         self._agent_token = product_token(settings.crawl_user_agent)
+        self._robots_give_up = settings.robots_unavailable_give_up
 
     async def process(self, request: CrawlRequest) -> float:
         """Crawl ``request`` to its outcome; returns the seconds of work (token waits excluded)."""
@@ -79,7 +85,9 @@ class ImageTask:
             await self._fetched(request, fetched)
         except FetchError as exc:
             token_wait = exc.token_wait
-            if is_retryable(exc.status):
+            if exc.status == Status.ROBOTS_UNAVAILABLE and exc.retry_at is not None:
+                await self._wait_for_robots(request, exc.retry_at)
+            elif is_retryable(exc.status):
                 await self._retry_or_fail(request, exc.status, exc.http_status)
             else:
                 await self._fail(request, exc.status, exc.http_status,
@@ -117,9 +125,21 @@ class ImageTask:
             fetched.size, x_robots_tag=directives))
         await self._record(request.source, str(fetched.status), success=True)
 
+    async def _wait_for_robots(self, request: CrawlRequest, retry_at: float) -> None:
+        """Send the URL to wait for its robots.txt, or end it once it has waited too long."""
+        now = time.time()
+        since = now if request.robots_wait_since is None else request.robots_wait_since
+        give_up_at = since + self._robots_give_up
+        if now >= give_up_at:
+            await self._fail(request, Status.ROBOTS_UNAVAILABLE, None,
+                             windows=in_windows(Status.ROBOTS_UNAVAILABLE))
+            return
+        topic, value = wait_message(replace(request, robots_wait_since=since), min(retry_at, give_up_at), now)
+        await self._send(topic, value)
+
     async def _retry_or_fail(self, request: CrawlRequest, status: str, http_status: int | None) -> None:
         if request.attempts < self._max_retries:
-            retry = CrawlRequest(request.url, request.uuid, request.source, request.attempts + 1)
+            retry = replace(request, attempts=request.attempts + 1)
             await self._send(INBOUND_TOPIC, retry.to_json())
             await self._record(request.source, status, success=False)
         else:

@@ -4,7 +4,8 @@ The worker's fetcher (``worker/fetch.py``) calls a ``RequestGate`` for every
 hop of a request, the first URL and each redirect target, in this order:
 
 1. ``await gate.before_request(url, source)``: may raise ``Refused``
-   (``RobotsDisallowed``, ``ForbiddenAddress``) before any token is spent;
+   (``RobotsDisallowed``, ``ForbiddenAddress``; ``RobotsUnavailable`` with a
+   ``retry_at``: the URL must wait, not end) before any token is spent;
    waits while the host's robots.txt is being fetched by whichever worker
    got there first.
 2. ``async with gate.host_slot(url):`` the per-host concurrency cap and the
@@ -23,11 +24,13 @@ from collections.abc import Mapping
 
 
 class Refused(Exception):
-    """A URL this crawler must not request; ``reason`` is its crawl_errors reason."""
+    """A URL this crawler must not request; ``reason`` is its crawl_errors reason.
+    ``retry_at`` (Unix time): the refusal is for now only, ask again from then."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", retry_at: float | None = None):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.retry_at = retry_at
 
 
 class RequestGate(Protocol):

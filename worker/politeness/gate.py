@@ -59,6 +59,6 @@ def build_gate(settings, redis, http_session, resolve: Resolve = system_resolve)
     ``resolve`` is for tests that need a hostname to look public."""
     guard = AddressGuard(enabled=not settings.crawl_allow_private_networks, resolve=resolve)
     robots = RobotsCache(redis, partial(fetch_robots, http_session, guard=guard),
-                         product_token(settings.crawl_user_agent))
+                         product_token(settings.crawl_user_agent), memory_bytes=settings.robots_cache_bytes)
     return PoliteGate(redis, guard, robots, HostLimiter(settings.crawl_per_host_connections),
                       CrawlDelay(redis))

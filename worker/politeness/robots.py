@@ -3,21 +3,31 @@
 The fetched file is shared through Redis (``robots:{origin}``), so a site
 sees one robots.txt request a day however many workers crawl it; a Redis lock
 (``robots_lock:{origin}``) makes the first requests to a new origin wait for
-a single fetch instead of each worker fetching it. Parsed rules are kept in
-process memory briefly, so checking a URL costs no Redis round-trip.
+a single fetch instead of each worker fetching it (token-checked, and longer
+than the longest fetch). Redis keeps only the group that applies to our
+product token (``robots_group``), so a 500 KiB file costs the cluster little.
+Parsed rules are kept in process memory briefly, within a byte budget, so
+checking a URL costs no Redis round-trip.
+
+A robots.txt that cannot be had (5xx, 429, timeout, no connection) is tried
+again with backoff (30 s doubling to 1 h); meanwhile its URLs are refused
+with ``RobotsUnavailable`` and a ``retry_at``, which the task turns into a
+wait (``worker.robots_wait``), not an outcome. A 4xx means no rules (RFC 9309).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
-import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
 import aiohttp
 from protego import Protego
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError
 
 from common.contracts import (EVENT_ROBOTS_FETCHED, robots_key,
                               robots_lock_key)
@@ -27,21 +37,32 @@ from common.statuses import Status
 from common.protocols import AsyncRedis
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
+from worker.politeness.robots_group import GroupTooLarge, our_group
 from worker.politeness.ttl_cache import TtlCache
 
 ROBOTS_TTL = 24 * 3600            # RFC 9309: cache no longer than 24 hours
-UNREACHABLE_TTL = 10 * 60         # 5xx / network error: disallow all, retry soon
 MAX_BYTES = 500 * 1024            # RFC 9309: parse at least 500 KiB; we read no more
 MAX_REDIRECTS = 5                 # RFC 9309: follow at least five
-FETCH_TIMEOUT = 20.0
-LOCK_SECONDS = 30                 # longer than a fetch, so a live holder keeps it
+FETCH_TIMEOUT = 20.0              # per hop
+# The whole fetch, every hop together, is cut off here; the lock outlives it (and the Redis
+# write after it), so a live holder never loses its lock to a second fetcher.
+FETCH_DEADLINE = (MAX_REDIRECTS + 1) * FETCH_TIMEOUT
+LOCK_SECONDS = FETCH_DEADLINE + 30
 POLL_SECONDS = 0.1
 WAIT_SECONDS = 60.0               # a dead holder's lock expires, then a waiter fetches
 MEMORY_SECONDS = 120.0
+MEMORY_BYTES = 64 << 20           # parsed rules kept per worker (ROBOTS_CACHE_BYTES)
+# A parsed group costs about this much: tracemalloc measured 1.5 KiB for one rule, 14 KiB
+# for 10, 54 KiB for 100, 1.7 MiB for 3,000 (28-31 bytes a character of rules); the estimate
+# is 0.8x to 1.2x of it past 30 rules, a few KiB over below (test_politeness_robots_group).
+RULES_BASE_BYTES = 4096
+RULES_BYTES_PER_CHAR = 32
 MAX_CRAWL_DELAY = 60.0            # one request a minute is the slowest we go
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
-RULES, ALLOW_ALL, DISALLOW_ALL = "rules", "allow_all", "disallow_all"
+# UNAVAILABLE: 5xx, 429, a timeout or no connection (RFC 9309 "unreachable"): the site's
+# URLs wait (Refused with retry_at) until it can be fetched, never end as disallowed.
+RULES, ALLOW_ALL, DISALLOW_ALL, UNAVAILABLE = "rules", "allow_all", "disallow_all", "unavailable"
 
 
 def product_token(user_agent: str) -> str:
@@ -57,16 +78,27 @@ def origin_of(url: str) -> str:
 
 
 @dataclass(frozen=True)
-class RobotsFile:
-    """What fetching robots.txt told us; the form shared through Redis."""
+class Backoff:
+    """When an unavailable robots.txt is tried again: ``first`` seconds after the first
+    failure, doubling with each failure in a row, at most ``most``."""
 
-    verdict: str          # RULES, ALLOW_ALL or DISALLOW_ALL
+    first: float = 30.0
+    most: float = 3600.0
+
+    def after(self, failures: int) -> float:
+        return min(self.first * 2.0 ** min(max(failures, 1) - 1, 32), self.most)
+
+
+@dataclass(frozen=True)
+class RobotsFile:
+    """What fetching robots.txt told us; the form shared through Redis, where ``body`` holds
+    only the group our product token selects (``robots_group``)."""
+
+    verdict: str          # RULES, ALLOW_ALL, DISALLOW_ALL or UNAVAILABLE
     body: str = ""
     status: int | None = None
-
-    @property
-    def ttl(self) -> int:
-        return UNREACHABLE_TTL if self.verdict == DISALLOW_ALL else ROBOTS_TTL
+    failures: int = 0     # UNAVAILABLE: fetches failed in a row
+    retry_at: float = 0.0 # UNAVAILABLE: Unix time from which it is fetched again
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -81,8 +113,11 @@ class Rules:
 
     def __init__(self, file: RobotsFile, token: str):
         self.verdict = file.verdict
+        self.retry_at = file.retry_at
         self._token = token
         self._parser = Protego.parse(file.body) if file.verdict == RULES else None
+        # What the parsed rules cost a worker, measured with tracemalloc (docs/decisions.md).
+        self.size = RULES_BASE_BYTES + RULES_BYTES_PER_CHAR * len(file.body)
 
     def allowed(self, url: str) -> bool:
         if self._parser is None:
@@ -123,27 +158,44 @@ async def fetch_robots(session: aiohttp.ClientSession, origin: str,
                 if 200 <= status < 300:
                     return RobotsFile(RULES, await _read_capped(response), status)
                 if status == 429 or status >= 500:
-                    return RobotsFile(DISALLOW_ALL, status=status)
+                    return RobotsFile(UNAVAILABLE, status=status)
                 return RobotsFile(ALLOW_ALL, status=status)  # 4xx: no rules for us
-        return RobotsFile(ALLOW_ALL)  # RFC 9309: too many redirects means unavailable
-    except (TimeoutError, aiohttp.ClientError, OSError, ValueError, Refused):
-        return RobotsFile(DISALLOW_ALL)  # unreachable: assume complete disallow
+        return RobotsFile(ALLOW_ALL)  # RFC 9309: too many redirects means "unavailable" (4xx)
+    except (Refused, aiohttp.InvalidURL):
+        return RobotsFile(DISALLOW_ALL)  # a hop we must not or cannot follow: no answer will come
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return RobotsFile(UNAVAILABLE)  # unreachable: wait, and try again later
+    except ValueError:  # a redirect to a host that does not normalise
+        return RobotsFile(DISALLOW_ALL)
+
+
+async def _release(lock: Lock) -> None:
+    try:
+        await lock.release()
+    except LockError:
+        pass  # expired, perhaps taken by another worker since: theirs now, left alone
 
 
 class RobotsCache:
     """Rules per origin: process memory, then Redis, then one fetch for the cluster."""
 
     def __init__(self, redis: AsyncRedis, fetch: Callable[[str], Awaitable[RobotsFile]], token: str,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 backoff: Backoff = Backoff(), memory_bytes: int = MEMORY_BYTES):
         self._redis = redis
         self._fetch = fetch
         self._token = token
         self._clock = clock
-        self._memory: TtlCache[str, Rules] = TtlCache(clock)
+        self._wall = wall  # Unix time: retry times are shared by the cluster
+        self._backoff = backoff
+        self._memory: TtlCache[str, Rules] = TtlCache(clock, max_bytes=memory_bytes)
         self._loading: dict[str, asyncio.Future[Rules]] = {}
 
     async def check(self, url: str) -> None:
-        if not (await self.rules(origin_of(url))).allowed(url):
+        rules = await self.rules(origin_of(url))
+        if rules.verdict == UNAVAILABLE:
+            raise Refused(Status.ROBOTS_UNAVAILABLE, url, retry_at=rules.retry_at)
+        if not rules.allowed(url):
             raise Refused(Status.ROBOTS_DISALLOWED, url)
 
     async def rules(self, origin: str) -> Rules:
@@ -158,33 +210,74 @@ class RobotsCache:
         return await asyncio.shield(loading)
 
     async def _load(self, origin: str) -> Rules:
-        file, ttl = await self._shared_file(origin)
+        file = await self._shared_file(origin)
         rules = Rules(file, self._token)
-        self._memory.put(origin, rules, min(ttl, MEMORY_SECONDS))
+        ttl = MEMORY_SECONDS
+        if file.verdict == UNAVAILABLE:  # remembered until it is due again, not past
+            ttl = min(ttl, file.retry_at - self._wall())
+        self._memory.put(origin, rules, ttl, rules.size)
         return rules
 
-    async def _shared_file(self, origin: str) -> tuple[RobotsFile, float]:
+    def _current(self, file: RobotsFile | None) -> bool:
+        return file is not None and not (file.verdict == UNAVAILABLE and file.retry_at <= self._wall())
+
+    async def _shared_file(self, origin: str) -> RobotsFile:
         deadline = self._clock() + WAIT_SECONDS
-        lock, me = robots_lock_key(origin), uuid.uuid4().hex
         while True:
-            raw = await self._redis.get(robots_key(origin))
-            if raw is not None:
-                return RobotsFile.from_json(raw), MEMORY_SECONDS
-            if await self._redis.set(lock, me, nx=True, ex=LOCK_SECONDS):
-                # Another worker may have stored the file between our read and our lock.
-                raw = await self._redis.get(robots_key(origin))
-                if raw is not None:
-                    await self._redis.delete(lock)
-                    return RobotsFile.from_json(raw), MEMORY_SECONDS
+            stored = await self._stored(origin)
+            if stored is not None and self._current(stored):
+                return stored
+            # Token-checked: released only if still ours, so a holder whose lock expired
+            # never deletes the lock a second fetcher has taken since.
+            lock = Lock(self._redis, robots_lock_key(origin), timeout=LOCK_SECONDS,  # type: ignore[arg-type]
+                        blocking=False, thread_local=False)
+            if await lock.acquire():
                 try:
-                    file = await self._fetch(origin)
-                    await self._redis.set(robots_key(origin), file.to_json(), ex=file.ttl)
+                    # Another worker may have stored the file between our read and our lock.
+                    stored = await self._stored(origin)
+                    if stored is not None and self._current(stored):
+                        return stored
+                    return await self._fetch_and_store(origin, stored)
                 finally:
-                    await self._redis.delete(lock)
-                log_event(EVENT_ROBOTS_FETCHED, origin=origin, verdict=file.verdict,
-                          status=file.status, bytes=len(file.body))
-                return file, MEMORY_SECONDS
+                    await _release(lock)
             if self._clock() >= deadline:
-                # Nobody could fetch it in time: refuse for now, decide again next URL.
-                return RobotsFile(DISALLOW_ALL), 0
+                # Nobody could fetch it in time: the URL waits, and asks again later.
+                return RobotsFile(UNAVAILABLE, retry_at=self._wall() + self._backoff.first)
             await asyncio.sleep(POLL_SECONDS)
+
+    async def _stored(self, origin: str) -> RobotsFile | None:
+        raw = await self._redis.get(robots_key(origin))
+        if raw is None:
+            return None
+        try:
+            return RobotsFile.from_json(raw)
+        except (ValueError, TypeError):  # another version's record: fetched afresh
+            return None
+
+    async def _fetch_and_store(self, origin: str, previous: RobotsFile | None) -> RobotsFile:
+        file = await self._fetch_within_deadline(origin)
+        fetched_bytes = len(file.body)
+        ttl = float(ROBOTS_TTL)
+        if file.verdict == RULES:
+            try:
+                file = replace(file, body=our_group(file.body, self._token))
+            except GroupTooLarge:
+                # Rules for us alone longer than any real site's: hostile or broken, and
+                # cutting them could allow what they forbid. Nothing is crawled for a day.
+                file = RobotsFile(DISALLOW_ALL, status=file.status)
+        elif file.verdict == UNAVAILABLE:
+            failures = (previous.failures if previous and previous.verdict == UNAVAILABLE else 0) + 1
+            wait = self._backoff.after(failures)
+            file = replace(file, failures=failures, retry_at=self._wall() + wait)
+            ttl = wait + self._backoff.most  # the count of failures outlives the wait
+        await self._redis.set(robots_key(origin), file.to_json(), ex=max(1, math.ceil(ttl)))
+        log_event(EVENT_ROBOTS_FETCHED, origin=origin, verdict=file.verdict, status=file.status,
+                  bytes=fetched_bytes, stored_bytes=len(file.body), failures=file.failures)
+        return file
+
+    async def _fetch_within_deadline(self, origin: str) -> RobotsFile:
+        try:
+            async with asyncio.timeout(FETCH_DEADLINE):
+                return await self._fetch(origin)
+        except TimeoutError:
+            return RobotsFile(UNAVAILABLE)  # not reachable in time
