@@ -197,7 +197,8 @@ class Adaptation:
         if not sources:
             return
         last_complete = bucket_start(now - ADAPTIVE_READ_GRACE_SECONDS) - RESPONSE_BUCKET_SECONDS
-        if self._next_bucket is None or self._next_bucket < last_complete - ADAPTIVE_READINGS_KEPT * RESPONSE_BUCKET_SECONDS:
+        oldest_kept = last_complete - ADAPTIVE_READINGS_KEPT * RESPONSE_BUCKET_SECONDS
+        if self._next_bucket is None or self._next_bucket < oldest_kept:  # new, or stalled for long
             self._next_bucket = last_complete
         due = list(range(self._next_bucket, last_complete + 1, RESPONSE_BUCKET_SECONDS))
         unrestored = sorted(self._unrestored)

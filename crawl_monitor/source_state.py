@@ -80,7 +80,7 @@ async def read_sources(redis: Redis) -> dict[str, SourceState]:
             rate_limit=finite_number(rate), override=finite_number(override),
             tokens=_whole(finite_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,
-            ceiling=adapted.get("ceiling"), effective_rate=adapted.get("effective_rate"), baseline_ms=adapted.get("baseline_ms"),
-            recent_ms=adapted.get("recent_ms"), adaptive=off is None,
+            ceiling=adapted.get("ceiling"), effective_rate=adapted.get("effective_rate"),
+            baseline_ms=adapted.get("baseline_ms"), recent_ms=adapted.get("recent_ms"), adaptive=off is None,
         )
     return states
