@@ -109,6 +109,14 @@ source_requests_key = _keyed("num_requests")  # every request a worker makes, fo
 send_pace_key = _keyed("send_pace")
 # Held by the one active monitor (crawl_monitor.lease); its value names the holder.
 MONITOR_LEASE = "monitor_lease"
+# Adaptive back-off (crawl_monitor.adaptive): response times per source and time bucket
+# (common.response_times), the monitor's verdict per source, and the operator's switch.
+adaptive_key = _keyed("adaptive")           # hash: effective_rate, ceiling, baseline_ms, recent_ms, ...
+adaptive_off_key = _keyed("adaptive_off")   # set (any value): no adaptation for the source
+
+
+def response_times_key(source: str, bucket_start: int) -> str:
+    return f"response_ms:{source}:{bucket_start}"
 
 
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.

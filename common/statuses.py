@@ -38,6 +38,11 @@ EXPECTED = frozenset({Status.UNIDENTIFIED_IMAGE, Status.ROBOTS_DISALLOWED})
 # Refused before the image was requested: the windows judge the site's answers to requests.
 NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS, Status.ROBOTS_UNAVAILABLE})
 EXPECTED_HTTP = frozenset({200, 404, 410})  # and every 3xx
+# Answers (or silences) that say the site is short of capacity rather than that a URL is
+# bad: they slow a source down (crawl_monitor.adaptive) before the breaker would stop it.
+# A 500 is left out: it is most often one page's bug, and some sites answer a share with it.
+OVERLOAD = frozenset({Status.TIMEOUT, Status.SERVER_DISCONNECTED, Status.CONNECTION_ERROR,
+                      "429", "502", "503", "504"})
 
 
 def is_retryable(status: str) -> bool:
@@ -52,6 +57,10 @@ def is_expected(status: str) -> bool:
         code = int(status)
         return code in EXPECTED_HTTP or 300 <= code < 400
     return status in EXPECTED
+
+
+def is_overload(status: str) -> bool:
+    return status in OVERLOAD
 
 
 def in_windows(status: str) -> bool:

@@ -26,6 +26,7 @@ from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.settings import Settings, load_settings
 from crawl_monitor import splitter
+from crawl_monitor.adaptive import Adaptation
 from crawl_monitor.circuit_breaker import CircuitBreaker
 from crawl_monitor.http_api import start_http_api
 from crawl_monitor.lease import MonitorLease
@@ -72,7 +73,8 @@ async def _first_done(acquiring: Coroutine[Any, Any, None], stopping: Coroutine[
 async def _run_components(settings: Settings, redis: aioredis.Redis, lease: MonitorLease,
                           stop: asyncio.Event) -> None:
     session = aiohttp.ClientSession()
-    regulator = Regulator(redis)
+    adaptation = Adaptation(redis)
+    regulator = Regulator(redis, adaptation)
     breaker = CircuitBreaker(redis)
     monitoring = MonitoringLog(redis)
     dashboard = await _start_dashboard(settings, redis, monitoring)
@@ -81,6 +83,7 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
         "splitter": splitter.run_splitter(lambda: splitter.connect(settings), settings.shutdown_timeout),
         "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
         "regulator": every(TICK_SECONDS, lambda: regulator.tick(time.time()), "regulator"),
+        "adaptation": every(TICK_SECONDS, adaptation.update, "adaptation"),
         "circuit_breaker": every(BREAKER_CHECK_SECONDS, lambda: breaker.check(time.time()), "circuit_breaker"),
         "monitoring": every(MONITORING_INTERVAL_SECONDS, monitoring.update, "monitoring"),
     }

@@ -45,3 +45,21 @@ SPLIT_POLL_SECONDS = 0.5
 SPLIT_FLUSH_SECONDS = 10.0
 SPLIT_MAX_BACKOFF_SECONDS = 30.0
 SPLIT_PARTITION_CHECK_SECONDS = 60.0  # how soon partitions an operator adds to inbound_images are read
+
+# --- Adaptive back-off (crawl_monitor.adaptive; docs/decisions.md, "Adaptive back-off").
+ADAPTIVE_FLOOR_RPS = 1.0         # adaptation never takes a source below this (nor above its limit)
+ADAPTIVE_START_SHARE = 0.1       # a source new to the monitor starts at this share of its limit...
+ADAPTIVE_DECREASE = 0.7          # ... doubles while responses stay fast; x this when they do not
+ADAPTIVE_STEP_RPS = 1.0          # after the first slow-down it climbs back by the larger of these
+ADAPTIVE_STEP_SHARE = 0.02       # ... (share of the limit) per fresh reading
+ADAPTIVE_MIN_SAMPLES = 10        # responses a verdict needs (merged over buckets for a slow source)
+ADAPTIVE_SLOW_FACTOR = 2.0       # slowed: the recent median above this times the baseline
+ADAPTIVE_SLOW_MIN_EXTRA_MS = 100.0   # ... and at least this much above it (loopback noise is not load)
+ADAPTIVE_RECOVERED_FACTOR = 1.5  # recovered: at most this times the baseline
+ADAPTIVE_RECOVERED_MIN_EXTRA_MS = 50.0  # ... or at most this much above it
+ADAPTIVE_OVERLOAD_SHARE = 0.05   # timeouts, 429/502/503/504 above this share slow it down too
+ADAPTIVE_OVERLOAD_MIN = 2        # ... counting at least this many
+ADAPTIVE_BASELINE_DOUBLING_SECONDS = 300.0  # the baseline drifts up so, unless a faster median resets it
+ADAPTIVE_READINGS_KEPT = 30      # response buckets remembered per source (a minute)
+ADAPTIVE_READ_GRACE_SECONDS = 1.0  # a bucket is read this long after it ends: outcomes come in late
+ADAPTIVE_STATE_TTL_SECONDS = 3600  # adaptive:{source} outlives a monitor's restart, not a quiet hour

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.contracts import (HALTED, INBOUND_SOURCES, TEMP_HALTED, last_50_key, override_rate_key,
-                              tokens_key)
+from common.contracts import (HALTED, INBOUND_SOURCES, TEMP_HALTED, adaptive_off_key, last_50_key,
+                              override_rate_key, tokens_key)
 from common.redis_values import as_text
 from common.settings import load_settings
 from crawl_monitor.source_state import SourceState, read_sources
@@ -37,6 +37,8 @@ examples:
   python -m crawl_monitor.ctl halt flickr              # stop crawling flickr now
   python -m crawl_monitor.ctl resume flickr            # after a halt: read the monitor's crawl_halted
                                                        # log first, lower the rate if needed
+  python -m crawl_monitor.ctl adaptive flickr off      # crawl flickr at its limit however slowly it answers
+  python -m crawl_monitor.ctl adaptive flickr on       # let its response times set its rate again
 
 Redis is REDIS_URL from the environment (default redis://localhost:6379/0).
 Sources are the ones the splitter has seen (the inbound_sources set).
@@ -72,6 +74,10 @@ async def known_source(redis: aioredis.Redis, raw: str) -> str:
                    f"({'known: ' + listed if known else 'no source seen yet'})")
 
 
+def _whole(value: float | None) -> float | None:
+    return None if value is None else float(round(value))
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:g}" if value == int(value) else f"{value:.2f}"
 
@@ -79,12 +85,16 @@ def _fmt(value: float | None) -> str:
 def format_status(sources: dict[str, SourceState]) -> str:
     if not sources:
         return f"no sources yet ({INBOUND_SOURCES} is empty)"
-    lines = [f"{'SOURCE':<24} {'STATE':<7} {'LIMIT':>8} {'OVERRIDE':>8} {'TOKENS':>7} "
-             f"{'REQUESTS':>10} {'SUCCESSES':>10}  ERRORS"]
+    lines = [f"{'SOURCE':<24} {'STATE':<7} {'LIMIT':>8} {'OVERRIDE':>8} {'ALLOWED':>8} {'RESP MS':>11} "
+             f"{'TOKENS':>7} {'REQUESTS':>10} {'SUCCESSES':>10}  ERRORS"]
     for name, s in sources.items():
         state = HALTED if s.halted else "paused" if s.temp_halted else "ok"  # named after its set
         errors = ", ".join(f"{status}: {n}" for status, n in sorted(s.errors.items(), key=lambda e: -e[1]))
-        lines.append(f"{name:<24} {state:<7} {_fmt(s.rate_limit):>8} {_fmt(s.override):>8} "
+        # LIMIT: computed or overridden; ALLOWED: what the adaptive back-off grants of it now.
+        limit = s.ceiling if s.ceiling is not None else s.rate_limit
+        allowed = _fmt(s.rate_limit) if s.adaptive else "off"
+        response = f"{_fmt(_whole(s.baseline_ms))}/{_fmt(_whole(s.recent_ms))}"
+        lines.append(f"{name:<24} {state:<7} {_fmt(limit):>8} {_fmt(s.override):>8} {allowed:>8} {response:>11} "
                      f"{_fmt(s.tokens):>7} {s.requests:>10} {s.successes:>10}  "
                      f"{s.error_total}{f' ({errors})' if errors else ''}")
     return "\n".join(lines)
@@ -106,6 +116,14 @@ async def run(args: argparse.Namespace, redis: aioredis.Redis) -> str:
         removed = await redis.delete(override_rate_key(source))
         return (f"{source}: override removed, the rate computed from its size applies again" if removed
                 else f"{source}: had no override")
+    if args.command == "adaptive":
+        if args.switch == "off":
+            await redis.set(adaptive_off_key(source), 1)
+            return (f"{source}: adaptive back-off off; it is granted its whole limit however slowly "
+                    f"its site answers (within a second)")
+        removed = await redis.delete(adaptive_off_key(source))
+        return (f"{source}: adaptive back-off on; its rate follows its site's response times again" if removed
+                else f"{source}: adaptive back-off was already on")
     if args.command == "halt":
         # Empty the bucket too, so workers stop now rather than spend this second's tokens.
         pipe = redis.pipeline()
@@ -141,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                "from the source's size until clear-override.")
     override.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
     override.add_argument("rate", metavar="RATE", help="requests per second, a positive number (0.5 = one every 2 s)")
+    adaptive = commands.add_parser(
+        "adaptive", help="switch the adaptive back-off off or on for a source",
+        description="off sets adaptive_off:SOURCE: the source is granted its whole limit however slowly its "
+                    "site answers. on deletes it: the rate follows the site's response times again.")
+    adaptive.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
+    adaptive.add_argument("switch", choices=("on", "off"))
     for name, help_text, description in (
         ("clear-override", "go back to the computed rate limit",
          "Delete override_rate:SOURCE: the rate computed from the source's size applies again."),

@@ -27,7 +27,10 @@ Endpoints:
   (label ``source``): ``crawler_source_requests_total``,
   ``crawler_source_successes_total``, ``crawler_source_errors_total`` (label
   ``status``), ``crawler_source_rate_limit_rps``, ``crawler_source_tokens``,
-  ``crawler_source_halted``, ``crawler_source_temp_halted`` (0 or 1).
+  ``crawler_source_halted``, ``crawler_source_temp_halted`` (0 or 1), and the
+  adaptive back-off's ``crawler_source_effective_rate_rps``,
+  ``crawler_source_response_ms`` (label ``window``: ``baseline`` or ``recent``),
+  ``crawler_source_adaptive`` (0 while switched off).
 - ``/status``: the latest ``monitoring_update`` as JSON (its own keys
   unchanged; ``event`` is null before the first one), plus ``sources`` (the
   live per-source state from Redis, with the achieved request rate) and
@@ -101,6 +104,12 @@ class SourcesCollector(Collector):
         requests, successes, rate, tokens, halted, temp_halted = per_source
         errors = CounterMetricFamily("crawler_source_errors", "Failures by status "
                                      "(resize_errors:{source}:{status}).", labels=["source", "status"])
+        effective = GaugeMetricFamily("crawler_source_effective_rate_rps", "Rate the adaptive back-off allows "
+                                      "(adaptive:{source} effective_rate).", labels=["source"])
+        response = GaugeMetricFamily("crawler_source_response_ms", "Median time to first byte: the site's "
+                                     "lightly loaded baseline, and recent.", labels=["source", "window"])
+        adaptive = GaugeMetricFamily("crawler_source_adaptive", "0 while adaptive_off:{source} is set.",
+                                     labels=["source"])
         for source, state in self.sources.items():
             requests.add_metric([source], state.requests)
             successes.add_metric([source], state.successes)
@@ -112,8 +121,14 @@ class SourcesCollector(Collector):
             temp_halted.add_metric([source], int(state.temp_halted))
             for status, count in state.errors.items():
                 errors.add_metric([source, status], count)
+            if state.effective_rate is not None:
+                effective.add_metric([source], state.effective_rate)
+            for window, ms in (("baseline", state.baseline_ms), ("recent", state.recent_ms)):
+                if ms is not None:
+                    response.add_metric([source, window], ms)
+            adaptive.add_metric([source], int(state.adaptive))
         yield from per_source
-        yield errors
+        yield from (errors, effective, response, adaptive)
 
 
 def render_metrics(sources: dict[str, SourceState]) -> bytes:

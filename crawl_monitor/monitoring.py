@@ -2,6 +2,8 @@
 
 Totals are read from the counters workers and the splitter keep in Redis;
 rates are the change of those totals over the interval since the last line.
+Each source's ``effective_rate`` and ``response_ms`` come from the adaptive back-off's
+``adaptive:{source}`` (``crawl_monitor.adaptive``).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from common import contracts
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
-from common.redis_values import count, finite_number
+from common.redis_values import as_text, count, finite_number
 from common.protocols import AsyncRedis
 
 _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
@@ -71,14 +73,24 @@ class MonitoringLog:
                 pipe.get(contracts.errors_key(source))
                 pipe.lrange(contracts.last_50_key(source), 0, -1)
                 pipe.get(contracts.rate_limit_key(source))
+                pipe.hgetall(contracts.adaptive_key(source))
             replies = await pipe.execute()
         specific = {}
         for index, source in enumerate(sources):
-            successful, error, last_50, rate_limit = replies[index * 4:(index + 1) * 4]
+            successful, error, last_50, rate_limit, adaptive = replies[index * 5:(index + 1) * 5]
             specific[source] = {
                 "successful": count(successful),
                 "error": count(error),
                 "last_50_statuses": dict(Counter(last_50)),
                 "rate_limit": finite_number(rate_limit) or 0.0,
+                **adaptive_view(adaptive or {}),
             }
         return specific
+
+
+def adaptive_view(raw: dict) -> dict[str, Any]:
+    """``effective_rate`` (what the adaptive back-off allows, req/s; None before its first
+    verdict) and ``response_ms`` {baseline, recent} from ``adaptive:{source}``."""
+    values = {as_text(k): finite_number(v) for k, v in raw.items()}
+    return {"effective_rate": values.get("effective_rate"),
+            "response_ms": {"baseline": values.get("baseline_ms"), "recent": values.get("recent_ms")}}

@@ -17,6 +17,7 @@ from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis
+from crawl_monitor.adaptive import Adaptation
 from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
                                      UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
@@ -31,11 +32,13 @@ class Regulator:
     Rate precedence: an operator's ``override_rate:{source}`` wins over the
     rate computed from the source's size; a source with neither gets nothing
     and is reported. A halted, temporarily halted or Retry-After-paused source
-    gets an explicit 0 whatever its rate.
+    gets an explicit 0 whatever its rate. Any other is granted what ``adaptation`` (the
+    adaptive back-off, ``crawl_monitor.adaptive``) makes of its rate, if there is one.
     """
 
-    def __init__(self, redis: AsyncRedis):
+    def __init__(self, redis: AsyncRedis, adaptation: Adaptation | None = None):
         self._redis = redis
+        self._adaptation = adaptation
         self._computed: dict[str, float] = {}
         # Fractional tokens carried to the next second: 0.5 req/s gives 0, 1, 0, 1...
         # and 1.5 req/s gives 1, 2, 1, 2..., so every average is exact.
@@ -71,6 +74,8 @@ class Regulator:
                 rate = 0.0
             elif source in halted or source in temp_halted or self._paused(source, retry_after, now):
                 rate = 0.0
+            elif self._adaptation is not None:
+                rate = self._adaptation.effective(source, rate)
             grants[source] = self._take_tokens(source, rate)
             rates[source] = rate
 

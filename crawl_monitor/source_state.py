@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (error_statuses_key, errors_key, override_rate_key, rate_limit_key, resized_key,
-                              source_requests_key, tokens_key)
+from common.contracts import (adaptive_key, adaptive_off_key, error_statuses_key, errors_key, override_rate_key,
+                              rate_limit_key, resized_key, source_requests_key, tokens_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets
 
@@ -26,6 +26,13 @@ class SourceState:
     tokens: int | None = None
     halted: bool = False
     temp_halted: bool = False
+    # The adaptive back-off (adaptive:{source}): the limit it works under (computed or
+    # overridden), what it allows of it, and the response times it judges by.
+    ceiling: float | None = None
+    effective_rate: float | None = None
+    baseline_ms: float | None = None
+    recent_ms: float | None = None
+    adaptive: bool = True  # False while adaptive_off:{source} is set
 
     @property
     def error_total(self) -> int:
@@ -59,16 +66,21 @@ async def read_sources(redis: Redis) -> dict[str, SourceState]:
         for key in (source_requests_key(source), resized_key(source), rate_limit_key(source),
                     override_rate_key(source), tokens_key(source)):
             pipe.get(key)
+        pipe.get(adaptive_off_key(source))
+        pipe.hgetall(adaptive_key(source))
     values = await pipe.execute()
     errors = await _read_errors(redis, sources)
     states = {}
     for i, source in enumerate(sources):
-        requests, successes, rate, override, tokens = values[5 * i:5 * i + 5]
+        requests, successes, rate, override, tokens, off, adaptive = values[7 * i:7 * i + 7]
+        adapted = {as_text(k): finite_number(v) for k, v in (adaptive or {}).items()}
         states[source] = SourceState(
             requests=count(requests), successes=count(successes),
             errors=errors[source],
             rate_limit=finite_number(rate), override=finite_number(override),
             tokens=_whole(finite_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,
+            ceiling=adapted.get("ceiling"), effective_rate=adapted.get("effective_rate"),
+            baseline_ms=adapted.get("baseline_ms"), recent_ms=adapted.get("recent_ms"), adaptive=off is None,
         )
     return states

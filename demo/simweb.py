@@ -4,7 +4,10 @@ The end-to-end tests, the demo and the benchmark need websites whose
 behaviour they choose (size, latency, 500s, 429 with Retry-After, robots.txt)
 and whose own log of requests is the evidence for politeness: the crawler's
 word about its rate proves nothing, the server's arrival times do. Sources
-are told apart by port, so everything stays on 127.0.0.1.
+are told apart by port, on 127.0.0.1 unless a site names another loopback
+address (the crawler's per-host cap keys on the host). A site may have a
+fixed number of server slots (``slots``), each busy ``latency`` seconds a
+request, so that a crawler faster than its capacity makes it queue.
 
 Arrival times are the kernel's receive timestamps (``SO_TIMESTAMPNS``), not
 the handler's clock: on a 2-core machine the crawl can keep this loop off the
@@ -83,6 +86,8 @@ class SiteSpec:
     retry_after: int = 3
     robots_txt: str | None = None  # None: /robots.txt is 404 (everything allowed)
     seed: int = 0
+    slots: int = 0               # requests served at once, each for ``latency`` s; 0: no limit
+    host: str = HOST             # a loopback address of its own: 127.0.0.11, 127.0.0.12...
 
 
 _SO_TIMESTAMPNS = 35  # Linux's option and its control message: a struct timespec per read
@@ -107,12 +112,12 @@ class _StampedSocket(socket.socket):
         return data
 
 
-def _listening_socket() -> _StampedSocket:
+def _listening_socket(host: str = HOST) -> _StampedSocket:
     listener = _StampedSocket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Set here, it holds for every connection from its first packet, even one accepted late.
     listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    listener.bind((HOST, 0))
+    listener.bind((host, 0))
     listener.listen(512)
     return listener
 
@@ -131,6 +136,7 @@ class RequestRecord:
     path: str
     status: int
     user_agent: str
+    served_in: float = 0.0  # seconds from arrival to the answer: queueing for a slot, then service
 
 
 class Site:
@@ -144,10 +150,11 @@ class Site:
         self._served = 0
         self._rng = random.Random(spec.seed)
         self._log_file = log_file
+        self._slots = asyncio.Semaphore(spec.slots) if spec.slots else None
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.spec.host}:{self.port}"
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -157,13 +164,16 @@ class Site:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            if self.spec.latency:
+            if self._slots is not None:
+                async with self._slots:
+                    await asyncio.sleep(self.spec.latency)
+            elif self.spec.latency:
                 await asyncio.sleep(self.spec.latency)
             response = self._respond(request.path)
         finally:
             self.in_flight -= 1
         record = RequestRecord(arrived, self.spec.name, request.path_qs, response.status,
-                               request.headers.get("User-Agent", ""))
+                               request.headers.get("User-Agent", ""), time.time() - arrived)
         self.log.append(record)
         if self._log_file is not None:
             self._log_file.write(json.dumps(asdict(record)) + "\n")
@@ -262,7 +272,7 @@ class SimWeb:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             self._runners.append(runner)
-            listener = _listening_socket()
+            listener = _listening_socket(site.spec.host)
             await web.SockSite(runner, listener).start()
             site.port = listener.getsockname()[1]
 

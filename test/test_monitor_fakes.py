@@ -86,6 +86,21 @@ class FakeStore:
         counts[field] = counts.get(field, 0) + amount
         return counts[field]
 
+    def hgetall(self, key: str) -> dict[str, str]:
+        return {field: str(value) for field, value in self.data.get(key, {}).items()}
+
+    def hset(self, key: str, mapping: dict[str, Any]) -> int:
+        fields = self.data.setdefault(key, {})
+        added = len(set(mapping) - set(fields))
+        fields.update({name: str(value) for name, value in mapping.items()})
+        return added
+
+    def expire(self, key: str, seconds: int) -> bool:
+        if key not in self.data:
+            return False
+        self.expiry[key] = seconds
+        return True
+
     def hkeys(self, key: str) -> list[str]:
         return list(self.data.get(key, {}))
 

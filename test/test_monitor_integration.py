@@ -252,6 +252,10 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
     redis = Redis.from_url(redis_url, decode_responses=True)
     monitor = MonitorProcess({**stack_env, "SOURCES_URL": str(sources)})
     try:
+        # A source new to the monitor gets a tenth of its computed rate (the adaptive back-off's
+        # slow start); with adaptation switched off, as the runbook says, all of it.
+        wait_for(lambda: redis.get(contracts.tokens_key(source)) == "20", what="the slow start")
+        assert redis_cli(redis_url, "set", f"adaptive_off:{source}", "1") == "OK"
         wait_for(lambda: redis.get(contracts.tokens_key(source)) == "200", what="the computed rate")
         assert 0 < redis.pttl(contracts.tokens_key(source)) <= 2000  # a killed monitor leaves no tokens for long
         # A URL for the source goes through the monitor's own splitter.
@@ -277,7 +281,8 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
         assert set(update) == {"event", "time", "general", "specific"}
         assert set(update["general"]) == {"global_max_rps", "error_rps", "processing_rate", "success_rps",
                                           "circuit_breaker_tripped", "num_resized", "resize_errors", "split_rate"}
-        assert set(update["specific"][source]) == {"successful", "error", "last_50_statuses", "rate_limit"}
+        assert set(update["specific"][source]) == {"successful", "error", "last_50_statuses", "rate_limit",
+                                                   "effective_rate", "response_ms"}
     finally:
         returncode = monitor.stop()
     assert returncode == 0, monitor.process.stderr.read()[-2000:]
@@ -307,7 +312,8 @@ def test_a_second_monitor_stands_by_and_takes_over_when_the_first_stops(
         stopped = time.monotonic()
         wait_for(lambda: second.events(contracts.EVENT_MONITOR_STARTED), what="the takeover")
         assert time.monotonic() - stopped < 3  # handed over, not left to expire
-        wait_for(lambda: redis.get(contracts.tokens_key(source)) == "200", what="buckets from the second")
+        # The second continues the first's adaptive state: still the slow start's tenth of 200.
+        wait_for(lambda: redis.get(contracts.tokens_key(source)) == "20", what="buckets from the second")
     finally:
         first.stop()
         if second is not None:

@@ -9,7 +9,7 @@ from test.test_monitor_fakes import FakeAsyncRedis
 
 GENERAL = {"global_max_rps", "error_rps", "processing_rate", "success_rps", "circuit_breaker_tripped",
            "num_resized", "resize_errors", "split_rate"}
-SPECIFIC = {"successful", "error", "last_50_statuses", "rate_limit"}
+SPECIFIC = {"successful", "error", "last_50_statuses", "rate_limit", "effective_rate", "response_ms"}
 
 
 class Clock:
@@ -35,6 +35,8 @@ async def test_update_has_exactly_the_spec_fields_and_rates_over_the_interval(ca
     store.set(contracts.rate_limit_key("flickr"), 178.5)
     store.set(contracts.rate_limit_key("phylopic"), 0.0)
     store.set(contracts.resized_key("flickr"), 40)
+    store.hset(contracts.adaptive_key("flickr"), mapping={"effective_rate": "178.5", "ceiling": "178.5",
+                                                          "baseline_ms": "210.5", "recent_ms": "250"})
     store.set(contracts.errors_key("phylopic"), 7)
     store.rpush(contracts.last_50_key("flickr"), *(["200"] * 48 + ["404", "500"]))
     seed(store, resized=1_000, errors=10, split=5_000)
@@ -56,8 +58,12 @@ async def test_update_has_exactly_the_spec_fields_and_rates_over_the_interval(ca
     assert set(update["specific"]) == {"flickr", "phylopic"}
     assert all(set(entry) == SPECIFIC for entry in update["specific"].values())
     assert update["specific"]["flickr"] == {
-        "successful": 40, "error": 0, "last_50_statuses": {"200": 48, "404": 1, "500": 1}, "rate_limit": 178.5}
+        "successful": 40, "error": 0, "last_50_statuses": {"200": 48, "404": 1, "500": 1}, "rate_limit": 178.5,
+        "effective_rate": 178.5, "response_ms": {"baseline": 210.5, "recent": 250.0}}
     assert update["specific"]["phylopic"]["error"] == 7
+    # Before the adaptive back-off's first verdict on a source: no numbers, the same keys.
+    assert update["specific"]["phylopic"]["effective_rate"] is None
+    assert update["specific"]["phylopic"]["response_ms"] == {"baseline": None, "recent": None}
     assert monitoring.latest is update
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and json.loads(lines[1]) == json.loads(json.dumps(update))

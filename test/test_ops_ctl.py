@@ -36,7 +36,9 @@ async def test_status_lists_every_source_with_its_state(redis_url, redis_client)
     assert lines[0].split()[:3] == ["SOURCE", "STATE", "LIMIT"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["phylopic"][1] == "halted" and rows["animaldiversity"][1] == "paused"
-    assert rows["flickr"][1:7] == ["ok", "178.38", "-", "120", "13250", "13188"]
+    # The limit (computed or overridden), what the adaptive back-off allows of it, its response times.
+    assert rows["flickr"][1:9] == ["ok", "200", "-", "178.38", "210/450", "120", "13250", "13188"]
+    assert rows["phylopic"][4] == "off" and rows["animaldiversity"][4:6] == ["0.50", "-/-"]
     assert "22 (500: 20, Timeout: 2)" in table.stdout
     as_json = json.loads(ctl(redis_url, "status", "--json").stdout)
     assert as_json["animaldiversity"]["override"] == 0.5
@@ -58,6 +60,18 @@ async def test_override_and_clear_override(redis_url, redis_client) -> None:
     assert result.returncode == 0 and "override removed" in result.stdout
     assert await redis_client.get(c.override_rate_key("flickr")) is None
     assert "had no override" in ctl(redis_url, "clear-override", "flickr").stdout
+
+
+async def test_adaptive_off_and_on(redis_url, redis_client) -> None:
+    await seed(redis_client)
+    result = ctl(redis_url, "adaptive", "Flickr", "off")
+    assert result.returncode == 0 and "off" in result.stdout, result.stderr
+    assert await redis_client.get(c.adaptive_off_key("flickr")) is not None
+    assert "back-off on" in ctl(redis_url, "adaptive", "flickr", "on").stdout
+    assert await redis_client.get(c.adaptive_off_key("flickr")) is None
+    assert "already on" in ctl(redis_url, "adaptive", "flickr", "on").stdout
+    assert ctl(redis_url, "adaptive", "flickr", "maybe").returncode == 2
+    assert "unknown source" in one_error_line(ctl(redis_url, "adaptive", "flikr", "off"))
 
 
 async def test_halt_then_resume(redis_url, redis_client) -> None:

@@ -119,7 +119,10 @@ async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
     assert "178.38" in rows["flickr"] and "override 0.5" in rows["animaldiversity"]
     assert "500×20" in rows["flickr"] and "Timeout×2" in rows["flickr"] and "200×48" in rows["flickr"]
     assert "13,188" in rows["flickr"]
-    assert 10 < float(cells["flickr"][3]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
+    assert 10 < float(cells["flickr"][5]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
+    # Its limit, what the adaptive back-off allows of it, and the response times it judges by.
+    assert cells["flickr"][2:5] == ["200", "178.38", "210 / 450"], rows["flickr"]
+    assert "adaptation off" in cells["phylopic"][3]
     assert page["polylines"] >= 4
     assert "phylopic" in page["general"] and page["banner_hidden"]
     assert screenshot.stat().st_size > 10_000
@@ -163,7 +166,9 @@ async def test_dashboard_shows_what_the_real_monitor_logs(stack_env, redis_clien
     screenshot = tmp_path / "dashboard-real-monitor.png"
     with monitor_process({**stack_env, "SOURCES_URL": str(sources)}) as updates:
         for _ in range(200):  # until the regulator has applied SOURCES_URL and a line is logged
-            if updates and float(await redis_client.get(c.rate_limit_key("flickr")) or 0) == 200:
+            # The limit from SOURCES_URL; a new source is granted a tenth of it at first (slow start).
+            state = await redis_client.hgetall(c.adaptive_key("flickr"))
+            if updates and state.get("ceiling") == "200" and "enabled" in state:  # the monitor's, not seed's
                 break
             await asyncio.sleep(0.1)
         assert updates, "the monitor logged no monitoring_update within 20 s"

@@ -37,6 +37,10 @@ async def seed(redis) -> None:
         c.errors_key("flickr"): 22,  # the per-source total is not a status
         c.errors_key("retired", "500"): 9,  # nor is a source no longer in inbound_sources
     })
+    # The adaptive back-off slowed flickr below its limit; an operator switched it off for phylopic.
+    await redis.hset(c.adaptive_key("flickr"), mapping={"ceiling": 200, "effective_rate": 178.375,
+                                                         "baseline_ms": 210.4, "recent_ms": 450.2})
+    await redis.set(c.adaptive_off_key("phylopic"), 1)
     # As workers write them beside each status counter: which counters exist.
     for source, statuses in {"flickr": ("500", "Timeout"), "animaldiversity": ("503",),
                              "phylopic": ("500",), "retired": ("500",)}.items():
@@ -98,6 +102,11 @@ async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
     error_statuses = {dict(k[1])["status"] for k in samples if k[0] == "crawler_source_errors_total"}
     assert error_statuses == {"500", "Timeout", "503"}
     assert not any(dict(k[1]).get("source") == "retired" for k in samples)
+    assert value("crawler_source_effective_rate_rps", "flickr") == 178.375
+    assert value("crawler_source_response_ms", "flickr", window="baseline") == 210.4
+    assert value("crawler_source_response_ms", "flickr", window="recent") == 450.2
+    assert [value("crawler_source_adaptive", s) for s in ("flickr", "animaldiversity", "phylopic")] == [1, 1, 0]
+    assert ("crawler_source_effective_rate_rps", (("source", "animaldiversity"),)) not in samples  # none yet
 
 
 async def test_metrics_answer_503_when_redis_is_down() -> None:
@@ -133,6 +142,9 @@ async def test_status_has_the_latest_update_live_sources_and_history(redis_clien
     assert (flickr["rate_limit"], flickr["tokens"], flickr["error_total"]) == (178.375, 120, 22)
     assert body["sources"]["phylopic"]["halted"] and body["sources"]["animaldiversity"]["temp_halted"]
     assert body["sources"]["animaldiversity"]["override"] == 0.5
+    assert (flickr["ceiling"], flickr["effective_rate"], flickr["baseline_ms"], flickr["recent_ms"],
+            flickr["adaptive"]) == (200, 178.375, 210.4, 450.2, True)
+    assert body["sources"]["phylopic"]["adaptive"] is False
     assert len(body["history"]) >= 3
     assert any((s["sources"]["flickr"]["rps"] or 0) > 0 for s in body["history"])
     assert body["history"][-1]["general"]["success_rps"] == 42.3

@@ -200,6 +200,25 @@ async def test_content_length_body_lands_in_shared_memory_and_request_is_clean(s
     assert request.endswith(b"\r\n\r\n") and request.count(b"\r\n\r\n") == 1
 
 
+async def test_time_to_first_byte_is_the_sites_wait_not_the_body(serve, client):
+    """The adaptive back-off reads this: a site that queues requests answers late."""
+    async def late_head_then_slow_body(reader, writer):
+        for delay in (0.3, 0.0):  # the second request comes on the same connection
+            await read_request(reader)
+            await asyncio.sleep(delay)
+            writer.write(head("HTTP/1.1 200 OK", "Content-Length: 4") + b"ab")
+            await writer.drain()
+            await asyncio.sleep(0.6)  # the rest of the body takes its time: not the site's wait
+            writer.write(b"cd")
+            await writer.drain()
+    server = await serve(late_head_then_slow_body)
+    first, body = await fetch(client, server.url("/1"))
+    second, _ = await fetch(client, server.url("/2"))
+    assert body == b"abcd" and server.accepts == 1
+    assert 0.3 <= first.ttfb < 0.9, first.ttfb
+    assert 0 <= second.ttfb < first.ttfb and second.ttfb < 0.6, second.ttfb
+
+
 # --- 2. keep-alive ---------------------------------------------------------------
 async def test_keep_alive_carries_requests_on_one_connection(serve, client):
     server = await serve(respond(ok(b"first"), ok(b"second")))

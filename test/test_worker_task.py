@@ -8,6 +8,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
                               resized_key, status_window_key)
+from common.response_times import OVERLOAD_FIELD, bin_of
 from common.settings import Settings
 from test.worker_fakes import (FakeProducer, FakeRedis, FakeThumbnails, exif_jpeg, image_bytes,
                                png_bomb)
@@ -219,3 +220,28 @@ async def test_the_body_goes_back_to_the_pool_once_analysed(monkeypatch, analysi
         await run()
         assert len(run.producer.on(METADATA_TOPIC)) == 1
     segments.close()
+
+
+def response_times(run: Run) -> dict[str, int]:
+    """The response-time counts the outcome left, all buckets together (``response_ms:{source}:*``)."""
+    counts: dict[str, int] = {}
+    for key, fields in run.redis.store.items():
+        if key.startswith(f"response_ms:{SOURCE}:"):
+            for field, n in fields.items():
+                counts[field] = counts.get(field, 0) + n
+    return counts
+
+
+@pytest.mark.parametrize("result, expected", [
+    (ok(image_bytes("JPEG")), {str(bin_of(0.25)): 1}),
+    (ok(b"", 503), {str(bin_of(0.25)): 1, OVERLOAD_FIELD: 1}),   # answered, and said it is overloaded
+    (ok(b"", 500), {str(bin_of(0.25)): 1}),                      # one page's bug says nothing of load
+    (ok(b"", 404), {str(bin_of(0.25)): 1}),
+    (FetchError("Timeout"), {OVERLOAD_FIELD: 1}),                # no first byte to time
+    (FetchError("ForbiddenAddress"), {}),                        # nothing reached the site
+], ids=["200", "503", "500", "404", "timeout", "refused"])
+async def test_each_answer_leaves_its_time_to_first_byte_for_the_back_off(result, expected) -> None:
+    if isinstance(result, Fetched):
+        result = Fetched(result.url, result.status, result.headers, result.body, 0.0, ttfb=0.25)
+    run = await Run(result)()
+    assert response_times(run) == expected

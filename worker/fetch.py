@@ -42,6 +42,7 @@ class Fetched:
     headers: Mapping[str, str]    # a CIMultiDict: X-Robots-Tag may repeat
     body: Body                    # read for 2xx only; its holder releases it
     token_wait: float             # seconds spent waiting for tokens
+    ttfb: float = 0.0             # the last hop's time to first byte (worker.http_client)
 
     @property
     def size(self) -> int:
@@ -81,10 +82,10 @@ class Fetcher:
                 hop_wait, slot = await self._slot_and_token(url, source)
                 waited += hop_wait
                 async with slot:
-                    status, headers, body = await self._request(url, source)
+                    status, headers, body, ttfb = await self._request(url, source)
                 location = headers.get("Location") if status in REDIRECT_STATUSES else None
                 if not location:
-                    return Fetched(url, status, headers, body, waited)
+                    return Fetched(url, status, headers, body, waited, ttfb)
                 url = _redirect_target(url, location)
             raise FetchError(Status.TOO_MANY_REDIRECTS, status)
         except FetchError as exc:
@@ -111,7 +112,7 @@ class Fetcher:
                     raise
                 await slot.aclose()  # another worker took the last token: wait for the next
 
-    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], Body]:
+    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], Body, float]:
         async with asyncio.timeout(self._total_timeout), self._client.get(url) as response:
             body = Body()
             try:
@@ -125,7 +126,7 @@ class Fetcher:
                 except BaseException:
                     body.release()
                     raise
-            return response.status, response.headers, body
+            return response.status, response.headers, body, response.ttfb
 
 
 def _redirect_target(current: str, location: str) -> str:

@@ -206,6 +206,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.clean_eof = False        # the peer ended its stream, with close_notify over TLS
         self.error: BaseException | None = None
         self.received_any = False     # in the current exchange
+        self.first_byte_at = 0.0      # loop time the current exchange's first byte arrived
         self.idle_since = 0.0
 
     # --- transport callbacks ---
@@ -221,7 +222,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._last_data = self._loop.time()
-        self.received_any = True
+        if not self.received_any:
+            self.received_any, self.first_byte_at = True, self._last_data
         if self._target is not None:
             self._filled += nbytes
             if self._filled == len(self._target):
@@ -400,6 +402,9 @@ class Response:
     _connection: _Connection
     _exchange: _Exchange
     _complete: bool = False  # read to its exact end, so the connection may carry another
+    # Seconds from the request's last byte written to the response's first byte received:
+    # the site's queueing and work, which the monitor's adaptive back-off watches.
+    ttfb: float = 0.0
 
     @property
     def content_length(self) -> int | None:
@@ -499,6 +504,7 @@ class HttpClient:
             try:
                 connection.received_any = False
                 connection.write(request)
+                sent_at = self._loop_time()
                 exchange = await _read_head(connection)
                 break
             except Disconnected:
@@ -510,7 +516,7 @@ class HttpClient:
                 connection.close()
                 raise
         response = Response(exchange.version, exchange.status, CIMultiDictProxy(exchange.headers),
-                            connection, exchange)
+                            connection, exchange, ttfb=max(0.0, connection.first_byte_at - sent_at))
         try:
             yield response
         finally:
@@ -518,6 +524,10 @@ class HttpClient:
                 self._keep(origin, connection)
             else:
                 connection.close()
+
+    @staticmethod
+    def _loop_time() -> float:
+        return asyncio.get_running_loop().time()
 
     def _idle_connection(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)

@@ -7,6 +7,10 @@ one instant both count. The hour and twelve-hour windows are counts per time
 bucket (``HINCRBY``): a month at 200 requests a second must not keep a member per
 request (``status12hr`` alone would hold 8.6 million).
 
+Response times (``response_ms:{source}:{bucket}``, ``common.response_times``) are counts
+in latency bins per two-second bucket, for the monitor's adaptive back-off: a key per
+bucket, its expiry set by the first outcome of the bucket this worker records.
+
 Trimming is per source and time, not per outcome: at most every
 STATS_TRIM_INTERVAL seconds a source's minute window is trimmed and its count
 windows' expiry renewed, in the same pipeline as its outcome. The breaker trims
@@ -23,8 +27,11 @@ from common.contracts import EVENT_STATS_REJECTED
 from common.contracts import (LAST_50_LENGTH, MINUTE_WINDOW_SECONDS, NUM_RESIZED, RESIZE_ERRORS,
                               STATUS_COUNT_WINDOWS, error_statuses_key, errors_key, last_50_key, one_minute_window_key,
                               resized_key, status_count_field, status_window_key)
+from common.contracts import response_times_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
+from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_TTL_SECONDS, bin_of, bucket_start
+from common.statuses import is_overload
 from worker.constants import STATS_TRIM_INTERVAL
 
 
@@ -32,12 +39,16 @@ class Stats:
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._next_trim: dict[str, float] = {}  # source -> wall-clock time its windows are trimmed next
+        self._expiring: dict[str, int] = {}     # source -> the response bucket whose expiry is set
 
-    async def record(self, source: str, status: str, success: bool, windows: bool = True) -> None:
-        """Count an outcome; ``windows=False`` keeps it out of the breakers' windows (no request was made)."""
+    async def record(self, source: str, status: str, success: bool, windows: bool = True,
+                     ttfb: float | None = None) -> None:
+        """Count an outcome; ``windows=False`` keeps it out of the breakers' windows (no request was made).
+        ``ttfb``: the response's time to first byte in seconds; None when no response came."""
         pipe = self._redis.pipeline(transaction=False)
         if windows:
             now = time.time()
+            self._response_time(pipe, source, status, ttfb, now)
             member = f"{status}:{os.urandom(6).hex()}"
             trim = now >= self._next_trim.get(source, 0.0)
             if trim:
@@ -65,3 +76,15 @@ class Stats:
             await pipe.execute()
         except ResponseError as exc:  # e.g. an operator left a key of the wrong type: not worth a stall
             log_event(EVENT_STATS_REJECTED, source=source, status=status, error=str(exc)[:300])
+
+    def _response_time(self, pipe, source: str, status: str, ttfb: float | None, now: float) -> None:
+        fields = ([bin_of(ttfb)] if ttfb is not None else []) + ([OVERLOAD_FIELD] if is_overload(status) else [])
+        if not fields:
+            return
+        bucket = bucket_start(now)
+        key = response_times_key(source, bucket)
+        for field in fields:
+            pipe.hincrby(key, str(field), 1)
+        if self._expiring.get(source) != bucket:
+            self._expiring[source] = bucket
+            pipe.expire(key, RESPONSE_BUCKET_TTL_SECONDS)

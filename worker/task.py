@@ -96,20 +96,21 @@ class ImageTask:
 
     async def _fetched(self, request: CrawlRequest, fetched: Fetched) -> None:
         status = fetched.status
+        ttfb = fetched.ttfb
         if status in LINK_ROT_STATUSES:
             await self._send(LINK_ROT_TOPIC, link_rot_message(request.uuid))
-            await self._record(request.source, str(status), success=False)
+            await self._record(request.source, str(status), success=False, ttfb=ttfb)
         elif status == 429 or status >= 500:
-            await self._retry_or_fail(request, str(status), status)
+            await self._retry_or_fail(request, str(status), status, ttfb)
         elif not 200 <= status < 300:
-            await self._fail(request, str(status), status)
+            await self._fail(request, str(status), status, ttfb=ttfb)
         else:
             try:
                 analysis = await self._analyze(fetched.body, self._target)
             finally:
                 fetched.body.release()  # not held while the outcome is published (only 2xx have one)
             if analysis.error:
-                await self._fail(request, analysis.error, status)
+                await self._fail(request, analysis.error, status, ttfb=ttfb)
             else:
                 await self._succeed(request, fetched, analysis)
 
@@ -123,7 +124,7 @@ class ImageTask:
         await self._send(METADATA_TOPIC, quality_message(
             request.uuid, analysis.width, analysis.height, analysis.compression_quality,
             fetched.size, x_robots_tag=directives))
-        await self._record(request.source, str(fetched.status), success=True)
+        await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb)
 
     async def _wait_for_robots(self, request: CrawlRequest, retry_at: float) -> None:
         """Send the URL to wait for its robots.txt, or end it once it has waited too long."""
@@ -137,25 +138,27 @@ class ImageTask:
         topic, value = wait_message(replace(request, robots_wait_since=since), min(retry_at, give_up_at), now)
         await self._send(topic, value)
 
-    async def _retry_or_fail(self, request: CrawlRequest, status: str, http_status: int | None) -> None:
+    async def _retry_or_fail(self, request: CrawlRequest, status: str, http_status: int | None,
+                             ttfb: float | None = None) -> None:
         if request.attempts < self._max_retries:
             retry = replace(request, attempts=request.attempts + 1)
             await self._send(INBOUND_TOPIC, retry.to_json())
-            await self._record(request.source, status, success=False)
+            await self._record(request.source, status, success=False, ttfb=ttfb)
         else:
-            await self._fail(request, status, http_status)
+            await self._fail(request, status, http_status, ttfb=ttfb)
 
     async def _fail(self, request: CrawlRequest, status: str, http_status: int | None,
-                    windows: bool = True) -> None:
+                    windows: bool = True, ttfb: float | None = None) -> None:
         reason = f"HTTP {status}" if status.isdigit() else status
         await self._send(CRAWL_ERRORS_TOPIC, crawl_error_message(request, reason, http_status))
-        await self._record(request.source, status, success=False, windows=windows)
+        await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb)
 
     async def _send(self, topic: str, value: bytes) -> None:
         await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))
 
-    async def _record(self, source: str, status: str, success: bool, windows: bool = True) -> None:
-        await persist("redis_stats", lambda: self._stats.record(source, status, success, windows))
+    async def _record(self, source: str, status: str, success: bool, windows: bool = True,
+                      ttfb: float | None = None) -> None:
+        await persist("redis_stats", lambda: self._stats.record(source, status, success, windows, ttfb))
 
 
 def _header_values(headers: Mapping[str, str], name: str) -> list[Any]:

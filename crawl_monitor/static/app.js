@@ -113,9 +113,16 @@ function statusList(counts, cls) {
 
 function sourceRow(name, s, specific, now) {
   const state = s.halted ? ["halted", "halted"] : s.temp_halted ? ["paused", "paused"] : ["ok", "ok"];
-  const limit = el("td", { class: "num" }, fmt(s.rate_limit, 2));
+  // The limit is the computed or overridden rate; the adaptive back-off allows up to it.
+  const ceiling = s.ceiling !== null && s.ceiling !== undefined ? s.ceiling : s.rate_limit;
+  const limit = el("td", { class: "num" }, fmt(ceiling, 2));
   if (s.override !== null) limit.append(el("span", { class: "override" }, `override ${fmt(s.override, 2)}`));
-  const use = s.rate_limit && s.achieved_rps !== null ? Math.min(1, s.achieved_rps / s.rate_limit) : 0;
+  const allowed = el("td", { class: "num" }, fmt(s.rate_limit, 2));
+  if (s.adaptive === false) allowed.append(el("span", { class: "override" }, "adaptation off"));
+  else if (s.rate_limit !== null && ceiling && s.rate_limit < ceiling && !s.halted && !s.temp_halted)
+    allowed.classList.add("slowed");
+  const response = el("td", { class: "num" }, `${fmt(s.baseline_ms, 0)} / ${fmt(s.recent_ms, 0)}`);
+  const use = ceiling && s.achieved_rps !== null ? Math.min(1, s.achieved_rps / ceiling) : 0;
   const errorCell = el("td", { class: "errors" }, s.error_total ? `${fmt(s.error_total, 0)}: ` : "");
   errorCell.append(statusList(s.errors, "errors"));
   const spark = el("svg", { svg: 1, viewBox: "0 0 140 28", width: 140, height: 28 });
@@ -126,6 +133,8 @@ function sourceRow(name, s, specific, now) {
     el("td", {}, el("strong", {}, name)),
     el("td", {}, el("span", { class: `badge ${state[1]}` }, state[0])),
     limit,
+    allowed,
+    response,
     el("td", { class: "num" }, fmt(s.achieved_rps, 2)),
     el("td", { title: `${Math.round(use * 100)}% of the limit` },
       el("div", { class: "bar" }, el("span", { style: `width:${(use * 100).toFixed(0)}%` }))),

@@ -1,0 +1,234 @@
+"""Adaptive back-off: a source's rate follows how fast its site answers (AIMD).
+
+A site can answer every request correctly and still be overwhelmed: it queues them, and
+every other visitor waits too. Workers record each response's time to first byte
+(``common.response_times``); here the monitor keeps, per source,
+
+- a **baseline**: the lowest median seen, i.e. the site's time when lightly loaded. It
+  drifts up (doubling in ``ADAPTIVE_BASELINE_DOUBLING_SECONDS``) unless a faster median
+  resets it, so a site that really got slower is re-baselined within minutes;
+- the **recent** median: the newest buckets merged until ``ADAPTIVE_MIN_SAMPLES``
+  responses (one 2-second bucket for a busy source, several for a slow one);
+
+and a multiplier on the source's rate limit (the computed or overridden rate, the
+*ceiling*). When the recent median passes twice the baseline (and by 100 ms: loopback
+noise is not load), or timeouts and 429/502/503/504 pass 5% of the answers, the
+multiplier drops x0.7; when the median is back within 1.5x the baseline it climbs by
+a step (the larger of 1 req/s and 2% of the ceiling). Never above the ceiling, never
+below ``ADAPTIVE_FLOOR_RPS``. Each change is judged again only on responses to requests
+made after it (buckets that started later), so one slow queue is not punished twice.
+
+A source new to the monitor starts at a tenth of its ceiling and doubles while answers
+stay fast (TCP's slow start): a site saturated from the first second would otherwise
+teach a saturated baseline. The state is kept in ``adaptive:{source}``, so a monitor that
+takes over continues where the last one was; ``adaptive_off:{source}`` switches a source
+back to its ceiling.
+
+``Controller`` is the decision, pure; ``Adaptation`` reads and writes Redis around it. The
+regulator asks ``Adaptation.effective`` for each source it grants a rate.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from common import contracts
+from common.protocols import AsyncRedis
+from common.redis_values import as_text, finite_number
+from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket
+from crawl_monitor.constants import (ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE, ADAPTIVE_FLOOR_RPS,
+                                     ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
+                                     ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
+                                     ADAPTIVE_RECOVERED_FACTOR, ADAPTIVE_RECOVERED_MIN_EXTRA_MS,
+                                     ADAPTIVE_SLOW_FACTOR, ADAPTIVE_SLOW_MIN_EXTRA_MS, ADAPTIVE_START_SHARE,
+                                     ADAPTIVE_STATE_TTL_SECONDS, ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE)
+
+DOWN, UP, HOLD, WAIT, OFF = "down", "up", "hold", "wait", "off"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One response bucket of one source: counts by latency bin, and overload answers."""
+    start: int
+    bins: dict[int, int]
+    overload: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.bins.values()) + self.overload
+
+
+def _merged(readings: Iterable[Reading]) -> tuple[dict[int, int], int, int]:
+    """The newest readings merged until they hold ADAPTIVE_MIN_SAMPLES answers."""
+    bins: dict[int, int] = {}
+    overload = total = 0
+    for reading in readings:
+        for index, n in reading.bins.items():
+            bins[index] = bins.get(index, 0) + n
+        overload += reading.overload
+        total += reading.total
+        if total >= ADAPTIVE_MIN_SAMPLES:
+            break
+    return bins, overload, total
+
+
+def floor_share(ceiling: float) -> float:
+    """The lowest multiplier: ADAPTIVE_FLOOR_RPS of the ceiling (1 when the ceiling is lower)."""
+    return 1.0 if ceiling <= ADAPTIVE_FLOOR_RPS else ADAPTIVE_FLOOR_RPS / ceiling
+
+
+@dataclass
+class Controller:
+    """One source's AIMD state. ``observe`` each completed bucket, in order."""
+    multiplier: float = ADAPTIVE_START_SHARE
+    slow_start: bool = True           # doubling until the first slow-down
+    baseline_ms: float | None = None  # as set at baseline_at; ``baseline(now)`` adds the drift
+    baseline_at: float = 0.0
+    recent_ms: float | None = None
+    changed_at: float = float("-inf")  # buckets that started before this are not judged again
+    readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))
+
+    def rate(self, ceiling: float) -> float:
+        return ceiling * max(self.multiplier, floor_share(ceiling))
+
+    def baseline(self, now: float) -> float | None:
+        if self.baseline_ms is None:
+            return None
+        return self.baseline_ms * 2 ** (max(0.0, now - self.baseline_at) / ADAPTIVE_BASELINE_DOUBLING_SECONDS)
+
+    def observe(self, reading: Reading, ceiling: float, now: float, enabled: bool = True) -> str:
+        """Take one bucket's answers; change the multiplier if they call for it. Returns the verdict."""
+        self.readings.append(reading)
+        newest = list(reversed(self.readings))
+        bins, _, total = _merged(newest)
+        if total >= ADAPTIVE_MIN_SAMPLES:
+            self.recent_ms = median_ms(bins)
+            baseline = self.baseline(now)
+            if self.recent_ms is not None and (baseline is None or self.recent_ms < baseline):
+                self.baseline_ms, self.baseline_at = self.recent_ms, now
+        if not enabled:
+            self.multiplier, self.slow_start = 1.0, False
+            return OFF
+        bins, overload, total = _merged(r for r in newest if r.start >= self.changed_at)
+        baseline = self.baseline(now)
+        if total < ADAPTIVE_MIN_SAMPLES or baseline is None:
+            return WAIT
+        median = median_ms(bins)
+        overloaded = overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total
+        slow = median is not None and median > max(ADAPTIVE_SLOW_FACTOR * baseline,
+                                                   baseline + ADAPTIVE_SLOW_MIN_EXTRA_MS)
+        lowest = floor_share(ceiling)
+        if overloaded or slow:
+            self.multiplier = max(lowest, min(1.0, self.multiplier) * ADAPTIVE_DECREASE)
+            self.slow_start = False
+            self.changed_at = now
+            return DOWN
+        fast = median is not None and median <= max(ADAPTIVE_RECOVERED_FACTOR * baseline,
+                                                    baseline + ADAPTIVE_RECOVERED_MIN_EXTRA_MS)
+        if fast and self.multiplier < 1.0:
+            if self.slow_start:
+                grown = max(self.multiplier, lowest) * 2
+            else:
+                grown = self.multiplier + max(ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE * ceiling) / ceiling
+            self.multiplier = min(1.0, grown)
+            self.slow_start = self.slow_start and self.multiplier < 1.0
+            self.changed_at = now
+            return UP
+        return HOLD
+
+    # --- kept in Redis (adaptive:{source}), so another monitor continues from here
+    def saved(self, ceiling: float, enabled: bool) -> dict[str, str]:
+        fields = {"effective_rate": self.rate(ceiling) if enabled else ceiling, "ceiling": ceiling,
+                  "multiplier": self.multiplier, "slow_start": int(self.slow_start), "enabled": int(enabled),
+                  "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
+                  "recent_ms": self.recent_ms,
+                  "changed_at": self.changed_at if self.changed_at > float("-inf") else None}
+        return {name: f"{value:.6g}" if isinstance(value, float) else str(value)
+                for name, value in fields.items() if value is not None}
+
+    @classmethod
+    def restored(cls, raw: dict) -> Controller:
+        """From ``saved``'s fields; values that are missing or not numbers start afresh."""
+        values = {as_text(k): finite_number(v) for k, v in raw.items()}
+        controller = cls()
+        multiplier = values.get("multiplier")
+        if multiplier is not None and 0 < multiplier <= 1:
+            controller.multiplier = multiplier
+            controller.slow_start = values.get("slow_start") == 1
+        baseline, baseline_at = values.get("baseline_ms"), values.get("baseline_at")
+        if baseline is not None and baseline > 0 and baseline_at is not None:
+            controller.baseline_ms, controller.baseline_at = baseline, baseline_at
+        changed_at = values.get("changed_at")
+        if changed_at is not None:  # the buckets already judged are not judged again
+            controller.changed_at = changed_at
+        return controller
+
+
+class Adaptation:
+    """The monitor's side: reads each completed response bucket, decides, saves, and answers
+    the regulator's ``effective(source, ceiling)`` from memory."""
+
+    def __init__(self, redis: AsyncRedis, clock: Callable[[], float] = time.time):
+        self._redis = redis
+        self._clock = clock
+        self.controllers: dict[str, Controller] = {}
+        self._ceilings: dict[str, float] = {}
+        self._unrestored: set[str] = set()
+        self.disabled: set[str] = set()
+        self._next_bucket: int | None = None
+
+    def effective(self, source: str, ceiling: float) -> float:
+        """The rate to grant a source whose limit is ``ceiling`` (req/s) this second."""
+        self._ceilings[source] = ceiling
+        controller = self.controllers.get(source)
+        if controller is None:
+            controller = self.controllers[source] = Controller()
+            self._unrestored.add(source)
+        if source in self.disabled:
+            return ceiling
+        return controller.rate(ceiling)
+
+    async def update(self) -> None:
+        """Once a second: the switches, any saved state of new sources, and the buckets that ended."""
+        now = self._clock()
+        sources = sorted(self._ceilings)
+        if not sources:
+            return
+        last_complete = bucket_start(now - ADAPTIVE_READ_GRACE_SECONDS) - RESPONSE_BUCKET_SECONDS
+        oldest_kept = last_complete - ADAPTIVE_READINGS_KEPT * RESPONSE_BUCKET_SECONDS
+        if self._next_bucket is None or self._next_bucket < oldest_kept:  # new, or stalled for long
+            self._next_bucket = last_complete
+        due = list(range(self._next_bucket, last_complete + 1, RESPONSE_BUCKET_SECONDS))
+        unrestored = sorted(self._unrestored)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.mget([contracts.adaptive_off_key(s) for s in sources])
+            for source in unrestored:
+                pipe.hgetall(contracts.adaptive_key(source))
+            for start in due:
+                for source in sources:
+                    pipe.hgetall(contracts.response_times_key(source, start))
+            replies = await pipe.execute()
+        switches, saved, buckets = replies[0], replies[1:1 + len(unrestored)], replies[1 + len(unrestored):]
+        self.disabled = {s for s, value in zip(sources, switches, strict=True) if value is not None}
+        for source, raw in zip(unrestored, saved, strict=True):
+            if raw:
+                self.controllers[source] = Controller.restored(raw)
+        self._unrestored.clear()
+        if not due:
+            return
+        self._next_bucket = due[-1] + RESPONSE_BUCKET_SECONDS
+        raw_buckets = iter(buckets)
+        for start in due:
+            for source in sources:
+                bins, overload = parse_bucket(next(raw_buckets) or {})
+                self.controllers[source].observe(Reading(start, bins, overload), self._ceilings[source], now,
+                                                 enabled=source not in self.disabled)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for source in sources:
+                key = contracts.adaptive_key(source)
+                pipe.hset(key, mapping=self.controllers[source].saved(self._ceilings[source],
+                                                                      source not in self.disabled))
+                pipe.expire(key, ADAPTIVE_STATE_TTL_SECONDS)
+            await pipe.execute()
