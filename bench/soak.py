@@ -143,7 +143,8 @@ def reconcile(outcomes: Outcomes, plan: list, stack, num_resized: int) -> None:
     produced = len(plan)
     with_outcome = len(set(outcomes.kinds) & outcomes.wanted)
     quality_read = sum(k[QUALITY] for k in outcomes.kinds.values())
-    print(f"outcomes per URL produced: {with_outcome / produced:.4f} ({with_outcome} of {produced}); "
+    print(f"outcomes per URL produced: {with_outcome / produced:.4f} ({with_outcome} of {produced}, "
+          f"{produced - with_outcome} missing, {len(outcomes.gaps)} offset gaps in the reader); "
           f"duplicates {outcomes.duplicates()}, conflicts {len(outcomes.conflicts())}")
     print(f"num_resized {num_resized}, quality messages read {quality_read} "
           f"(a success counted without its message: {max(0, num_resized - quality_read)})")
@@ -158,6 +159,10 @@ def reconcile(outcomes: Outcomes, plan: list, stack, num_resized: int) -> None:
     print(f"{len(missing)} without an outcome: {len(again.kinds)} found by a second reader "
           f"(the first one missed them), {stored} have a thumbnail in S3 (the worker finished them); "
           f"e.g. {sorted(missing)[:5]}")
+    print(f"outcomes per URL produced, with the second reader: "
+          f"{(with_outcome + len(again.kinds)) / produced:.4f} ({with_outcome + len(again.kinds)} of {produced})")
+    print(f"where the second reader found them: {sorted(again.found_at.values())[:10]}; "
+          f"offsets the first reader skipped: {outcomes.gaps[:10]}")
 
 
 def _exists(s3, bucket: str, key: str) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer
 
 from common.contracts import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC
-from common.kafka import consumer_config, ensure_topics
+from common.kafka import consumer_config, coordinates, ensure_topics
 
 QUALITY = "quality"
 LINK_ROT, CRAWL_ERRORS = LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC  # those kinds are named after their topics
@@ -42,6 +42,11 @@ class Outcomes:
         self.kinds: dict[str, Counter[str]] = defaultdict(Counter)
         self.messages: dict[str, list[dict[str, Any]]] = {topic: [] for topic in OUTCOME_TOPICS}
         self.unparseable: list[tuple[str, bytes]] = []
+        # Offsets within a partition are consecutive here (no transactions, no compaction), so a
+        # jump means records this reader never got: (topic, partition, expected offset, got offset).
+        self.gaps: list[tuple[str, int, int, int]] = []
+        self.found_at: dict[str, tuple[str, int, int]] = {}  # uuid -> where its first outcome was
+        self._next_offset: dict[tuple[str, int], int] = {}
         # Subscribing to a topic nobody has created yet would wait a metadata refresh.
         ensure_topics(kafka_hosts, OUTCOME_TOPICS, partitions)
         self._consumer = Consumer(consumer_config(
@@ -54,6 +59,11 @@ class Outcomes:
         for msg in self._consumer.consume(num_messages=1000, timeout=timeout):
             if msg.error():
                 continue
+            topic, partition, offset = coordinates(msg)
+            expected = self._next_offset.get((topic, partition))
+            if expected is not None and offset > expected:
+                self.gaps.append((topic, partition, expected, offset))
+            self._next_offset[(topic, partition)] = offset + 1
             try:
                 message = json.loads(msg.value())
                 identifier = message["identifier"]
@@ -66,6 +76,7 @@ class Outcomes:
             kind = outcome_kind(msg.topic(), message)
             if kind:
                 self.kinds[identifier][kind] += 1
+                self.found_at.setdefault(identifier, (topic, partition, offset))
         return len(self.kinds) - before
 
     def wait(self, timeout: float, on_poll: Callable[[int], None] | None = None,
