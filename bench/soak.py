@@ -25,9 +25,12 @@ from pathlib import Path
 
 import botocore.session
 import redis
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from bench.cpu import proc_rss_and_files
-from common.contracts import NUM_RESIZED
+from common.contracts import NUM_RESIZED, SOURCE_TOPIC_PREFIX, WORKER_GROUP
+from common.kafka import consumer_config
 from demo.cluster import Cluster
 from demo.crawl import crawler_env
 from demo.outcomes import QUALITY, Outcomes
@@ -136,7 +139,38 @@ def main() -> None:
                     raise SystemExit(f"{dead[0].name} died: see {dead[0].log_path}")
             print(sample(cluster, client, started))
             num_resized = int(client.get(NUM_RESIZED) or 0)
+            if not outcomes.done:  # while the workers still hold their partitions
+                left = unconsumed(stack.kafka_hosts)
+                print(f"{len(left)} source-topic partitions not consumed to their end: {left[:10]}")
         reconcile(outcomes, plan, stack, num_resized)
+
+
+def unconsumed(kafka_hosts: str) -> list[str]:
+    """Source-topic partitions the workers' group has not committed to their end, with the
+    member that owns each (none: no worker was assigned it, so its URLs were never read)."""
+    admin = AdminClient({"bootstrap.servers": kafka_hosts})
+    owners: dict[tuple[str, int], str] = {}
+    try:
+        group = admin.describe_consumer_groups([WORKER_GROUP])[WORKER_GROUP].result(30)
+        for member in group.members:
+            for tp in member.assignment.topic_partitions:
+                owners[(tp.topic, tp.partition)] = member.client_id or member.member_id
+    except KafkaException as exc:
+        print(f"describe group failed: {exc}")
+    topics = [t for t in admin.list_topics(timeout=30).topics if t.startswith(SOURCE_TOPIC_PREFIX)]
+    reader = Consumer(consumer_config(kafka_hosts, WORKER_GROUP))
+    try:
+        wanted = [TopicPartition(t, p) for t in topics
+                  for p in admin.list_topics(t, timeout=30).topics[t].partitions]
+        left = []
+        for tp in reader.committed(wanted, timeout=60):
+            end = reader.get_watermark_offsets(tp, timeout=30)[1]
+            if max(tp.offset, 0) < end:
+                left.append(f"{tp.topic}[{tp.partition}] committed {tp.offset} of {end}, owner "
+                            f"{owners.get((tp.topic, tp.partition), 'none')}")
+        return left
+    finally:
+        reader.close()
 
 
 def reconcile(outcomes: Outcomes, plan: list, stack, num_resized: int) -> None:
