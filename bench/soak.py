@@ -147,7 +147,9 @@ def main() -> None:
 
 def unconsumed(kafka_hosts: str) -> list[str]:
     """Source-topic partitions the workers' group has not committed to their end, with the
-    member that owns each (none: no worker was assigned it, so its URLs were never read)."""
+    member that owns each (none: no worker was assigned it, so its URLs were never read).
+    tansu 0.6 reports a partition's end as its last batch's first offset + 1, so a partition
+    read part way may pass for read; one never read (committed -1001) always shows."""
     admin = AdminClient({"bootstrap.servers": kafka_hosts})
     owners: dict[tuple[str, int], str] = {}
     try:
