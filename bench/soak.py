@@ -197,8 +197,11 @@ def reconcile(outcomes: Outcomes, plan: list, stack, num_resized: int) -> None:
           f"e.g. {sorted(missing)[:5]}")
     print(f"outcomes per URL produced, with the second reader: "
           f"{(with_outcome + len(again.kinds)) / produced:.4f} ({with_outcome + len(again.kinds)} of {produced})")
-    print(f"where the second reader found them: {sorted(again.found_at.values())[:10]}; "
-          f"offsets the first reader skipped: {outcomes.gaps[:10]}")
+    reached = outcomes.next_offsets()
+    late = sum(offset >= reached.get((topic, partition), 0) for topic, partition, offset in again.found_at.values())
+    print(f"of those, {late} were written past where the first reader had read (they came after it "
+          f"stopped waiting), {len(again.found_at) - late} before (it skipped them); "
+          f"where: {sorted(again.found_at.values())[:10]}; offset gaps in the first reader: {outcomes.gaps[:10]}")
 
 
 def _exists(s3, bucket: str, key: str) -> bool:

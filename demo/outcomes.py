@@ -96,6 +96,10 @@ class Outcomes:
     def done(self) -> bool:
         return len(self.kinds) >= len(self.wanted)
 
+    def next_offsets(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the offset after the last one this reader got."""
+        return dict(self._next_offset)
+
     def missing(self) -> set[str]:
         return self.wanted - set(self.kinds)
 
