@@ -4,7 +4,8 @@ The end-to-end tests, the demo and the benchmark need websites whose
 behaviour they choose (size, latency, 500s, 429 with Retry-After, robots.txt)
 and whose own log of requests is the evidence for politeness: the crawler's
 word about its rate proves nothing, the server's arrival times do. Sources
-are told apart by port, so everything stays on 127.0.0.1.
+are told apart by port, on 127.0.0.1 unless a site names another loopback
+address (``SiteSpec.host``: the per-host cap keys on the host).
 
 Arrival times are the kernel's receive timestamps (``SO_TIMESTAMPNS``), not
 the handler's clock: on a 2-core machine the crawl can keep this loop off the
@@ -23,6 +24,7 @@ import bisect
 import csv
 import io
 import json
+import math
 import random
 import signal
 import socket
@@ -83,6 +85,7 @@ class SiteSpec:
     retry_after: int = 3
     robots_txt: str | None = None  # None: /robots.txt is 404 (everything allowed)
     seed: int = 0
+    host: str = HOST             # any 127.x.y.z: distinct hosts get distinct per-host caps
 
 
 _SO_TIMESTAMPNS = 35  # Linux's option and its control message: a struct timespec per read
@@ -107,12 +110,12 @@ class _StampedSocket(socket.socket):
         return data
 
 
-def _listening_socket() -> _StampedSocket:
+def _listening_socket(host: str = HOST) -> _StampedSocket:
     listener = _StampedSocket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Set here, it holds for every connection from its first packet, even one accepted late.
     listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    listener.bind((HOST, 0))
+    listener.bind((host, 0))
     listener.listen(512)
     return listener
 
@@ -147,7 +150,7 @@ class Site:
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.spec.host}:{self.port}"
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -237,6 +240,18 @@ class Site:
         return found
 
 
+def allowed_per_second(limit: float) -> int:
+    """The most requests of a source a site may see in any sliding one-second window at a
+    limit of ``limit`` req/s: floor(limit) + 1, the promise of README's "Politeness"."""
+    return math.floor(limit + 1e-9) + 1  # 3.0 given as 2.9999999999 is still 3
+
+
+def busiest_second(times: list[float]) -> tuple[int, float]:
+    """(most requests among sorted arrival ``times`` in any sliding one-second window
+    [t, t + 1), where that window starts): what a site's own rate limiter would count."""
+    return peak_window(times, 1.0)
+
+
 def peak_window(times: list[float], window: float) -> tuple[int, float]:
     """(most sorted ``times`` less than ``window`` apart, where that window starts)."""
     best, at = 0, times[0] if times else 0.0
@@ -262,7 +277,7 @@ class SimWeb:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             self._runners.append(runner)
-            listener = _listening_socket()
+            listener = _listening_socket(site.spec.host)
             await web.SockSite(runner, listener).start()
             site.port = listener.getsockname()[1]
 
