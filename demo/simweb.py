@@ -195,10 +195,6 @@ class Site:
     def requests(self, prefix: str = "") -> list[RequestRecord]:
         return [r for r in list(self.log) if r.path.startswith(prefix)]
 
-    def max_in_window(self, window: float = 1.0, times: list[float] | None = None) -> int:
-        """Most requests that arrived less than ``window`` seconds apart (a sliding window)."""
-        return peak_window(sorted(times if times is not None else (r.time for r in list(self.log))), window)[0]
-
     def throttled(self) -> list[RequestRecord]:
         return [r for r in list(self.log) if r.status == 429]
 
@@ -206,16 +202,16 @@ class Site:
                    robots_fetches: int = 1, since: float = 0.0) -> list[str]:
         """Every way the crawler was impolite to this site, judged from the server's log alone.
 
-        ``rate_limit`` may be exceeded by 10% plus one request in a one-second window (the
-        buckets are refilled once a second and requests spread by latency). After a 429, one
-        second is allowed for requests already under way before the pause must show.
+        No sliding one-second window may hold more than floor(``rate_limit``) + 1 requests
+        (``allowed_per_second``). After a 429, one second is allowed for requests already
+        under way before the pause must show.
         """
         log = [r for r in list(self.log) if r.time >= since]
         fetches = [r for r in log if r.path != ROBOTS_PATH]
         found = []
         times = sorted(r.time for r in fetches)
-        peak, at = peak_window(times, 1.0)
-        if peak > rate_limit * 1.1 + 1:
+        peak, at = busiest_second(times)
+        if peak > allowed_per_second(rate_limit):
             found.append(f"{self.spec.name}: {peak} requests in one second, limit {rate_limit:.2f}/s "
                          f"(from {at - times[0]:.2f} s after its first request)")
         if sum(r.path == ROBOTS_PATH for r in log) > robots_fetches:
@@ -249,14 +245,9 @@ def allowed_per_second(limit: float) -> int:
 def busiest_second(times: list[float]) -> tuple[int, float]:
     """(most requests among sorted arrival ``times`` in any sliding one-second window
     [t, t + 1), where that window starts): what a site's own rate limiter would count."""
-    return peak_window(times, 1.0)
-
-
-def peak_window(times: list[float], window: float) -> tuple[int, float]:
-    """(most sorted ``times`` less than ``window`` apart, where that window starts)."""
     best, at = 0, times[0] if times else 0.0
     for i, start in enumerate(times):
-        count = bisect.bisect_left(times, start + window, lo=i) - i
+        count = bisect.bisect_left(times, start + 1.0, lo=i) - i
         if count > best:
             best, at = count, start
     return best, at

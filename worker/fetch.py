@@ -101,9 +101,9 @@ class Fetcher:
         waited = 0.0
         failed: Exception | None = None  # a connect that failed still costs a token: SYNs are traffic
         turn = _Turn(self._tokens.one_at_a_time(source))
-        await turn.take()
         try:
             while True:
+                await turn.take()  # never while holding a host slot: its holder may be waiting for one
                 waited += await self._tokens.until_available(source)
                 slot = AsyncExitStack()
                 await slot.enter_async_context(self._gate.host_slot(url))
@@ -111,12 +111,14 @@ class Fetcher:
                 try:
                     ready = self._client.idle(url) if failed is None else None
                     if ready is None and failed is None:
-                        turn.give()  # a handshake does not hold up the source's other tasks
+                        # The turn is given up for the handshake, so that it does not hold up the
+                        # source's other tasks, and not taken again: the token script is atomic,
+                        # the turn only spares Redis the polls of many waiting tasks.
+                        turn.give()
                         try:
                             ready = await self._client.connect(url)
                         except Exception as exc:  # noqa: BLE001 - raised below, once its token is spent
                             failed = exc
-                        await turn.take()
                     if await self._tokens.take(source):
                         if failed is not None:
                             raise failed
@@ -159,8 +161,9 @@ class _Turn:
         self._held = False
 
     async def take(self) -> None:
-        await self._lock.acquire()
-        self._held = True
+        if not self._held:
+            await self._lock.acquire()
+            self._held = True
 
     def give(self) -> None:
         if self._held:
