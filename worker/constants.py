@@ -79,10 +79,13 @@ TOKEN_POLL_MAX = 0.25
 PACE_CATCH_UP_SECONDS = 0.05
 SEND_WINDOW_SECONDS = 1.05
 SEND_LOG_MAX = 1000
-# A token whose answer arrived this much later than the fastest answers (a low quantile: down
-# at once, up by TOKEN_ANSWER_SMOOTHING of the difference per slower answer) is not used
-# (worker/tokens.py): the worker was stalled, and its request would reach the site bunched
-# with the next ones. With the site's own jitter it must stay under SEND_WINDOW_SECONDS - 1.
+# A token whose answer arrived later than the fastest answers (a low quantile: down at once, up
+# by TOKEN_ANSWER_SMOOTHING of the difference per slower answer) by more than the spread the
+# source's rate tolerates is not used (worker/tokens.py, tolerated_lateness): the worker was
+# stalled, and its request would reach the site bunched with the next ones. The spread is
+# what floor(rate) + 2 sends span beyond one second, less ARRIVAL_JITTER_SECONDS for the way
+# to the site; at least STALE_TOKEN_SECONDS (SEND_WINDOW_SECONDS - 1 - ARRIVAL_JITTER_SECONDS).
+ARRIVAL_JITTER_SECONDS = 0.02
 STALE_TOKEN_SECONDS = 0.03
 TOKEN_ANSWER_SMOOTHING = 0.01
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute

@@ -57,8 +57,9 @@ from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import send_pace_key, sent_log_key, source_requests_key, tokens_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
-from worker.constants import (FORFEIT_REPORT_SECONDS, PACE_CATCH_UP_SECONDS, SEND_LOG_MAX, SEND_WINDOW_SECONDS,
-                              STALE_TOKEN_SECONDS, TOKEN_ANSWER_SMOOTHING, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
+from worker.constants import (ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS, PACE_CATCH_UP_SECONDS, SEND_LOG_MAX,
+                              SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS,
+                              TOKEN_ANSWER_SMOOTHING, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
 
 
 class ShuttingDown(Exception):
@@ -120,6 +121,21 @@ def window_for(rate: float) -> float:
     return SEND_WINDOW_SECONDS * send_log_length(rate) / (math.floor(rate + 1e-9) + 1)
 
 
+def tolerated_lateness(rate: float | None) -> float:
+    """How much later than the fastest answers a token may still be used at ``rate``.
+
+    floor(rate) + 2 consecutive sends span at least the log's window, and at least
+    (floor(rate) + 1) / rate less the catch-up (the pacing); whatever that span exceeds one
+    second by, less ``ARRIVAL_JITTER_SECONDS`` for the way to the site, is how unequally two
+    requests may be delayed and still not share a second. Above ~5 req/s that is the
+    window's 50 ms, so ``STALE_TOKEN_SECONDS`` (30 ms); a source at 0.5 req/s, whose
+    requests are 2 s apart, loses a token (and 2 s) only to a stall of most of a second."""
+    if not rate:
+        return STALE_TOKEN_SECONDS
+    paced = (math.floor(rate + 1e-9) + 1) / rate - PACE_CATCH_UP_SECONDS
+    return max(STALE_TOKEN_SECONDS, max(window_for(rate), paced) - 1.0 - ARRIVAL_JITTER_SECONDS)
+
+
 class TokenBuckets:
     def __init__(self, redis: AsyncRedis, rate_of: Callable[[str], float | None] = lambda source: None):
         self._redis = redis
@@ -179,18 +195,18 @@ class TokenBuckets:
         if left > 0:
             self._stocked.add(source)
         granted = not paced and left >= 0
-        if granted and self._late(answered - asked):
+        if granted and self._late(answered - asked, tolerated_lateness(rate)):
             await self._redis.decr(source_requests_key(source))  # counted, but never sent
             self._report_forfeit(source, answered - asked)
             return False
         return granted
 
-    def _late(self, answer: float) -> bool:
-        """Whether this answer took ``STALE_TOKEN_SECONDS`` longer than the fastest answers do."""
+    def _late(self, answer: float, tolerated: float) -> bool:
+        """Whether this answer took more than ``tolerated`` longer than the fastest answers do."""
         fastest = answer if self._fastest_answer is None else self._fastest_answer
         # Down at once, up slowly: where answers settle when Redis really is further away now.
         self._fastest_answer = fastest + (answer - fastest) * (1.0 if answer < fastest else TOKEN_ANSWER_SMOOTHING)
-        return answer > fastest + STALE_TOKEN_SECONDS
+        return answer > fastest + tolerated
 
     def _report_forfeit(self, source: str, answer_seconds: float) -> None:
         self._forfeited[source] = self._forfeited.get(source, 0) + 1
