@@ -110,17 +110,18 @@ class _StampedSocket(socket.socket):
         return data
 
 
-def _listening_socket(host: str = HOST) -> _StampedSocket:
+def stamped_listener(host: str = HOST, port: int = 0) -> _StampedSocket:
+    """A listening socket whose requests' arrival times ``arrival`` reads (kernel receive stamps)."""
     listener = _StampedSocket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Set here, it holds for every connection from its first packet, even one accepted late.
     listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    listener.bind((host, 0))
+    listener.bind((host, port))
     listener.listen(512)
     return listener
 
 
-def _arrival(request: web.Request) -> float:
+def arrival(request: web.Request) -> float:
     """When the kernel received the request (the handler may run much later)."""
     transport_socket = request.transport.get_extra_info("socket") if request.transport else None
     arrived = getattr(getattr(transport_socket, "_sock", transport_socket), "arrived", 0.0)
@@ -156,7 +157,7 @@ class Site:
         return self.base_url + path
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        arrived = _arrival(request)
+        arrived = arrival(request)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -268,7 +269,7 @@ class SimWeb:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             self._runners.append(runner)
-            listener = _listening_socket(site.spec.host)
+            listener = stamped_listener(site.spec.host)
             await web.SockSite(runner, listener).start()
             site.port = listener.getsockname()[1]
 
