@@ -2,10 +2,12 @@
 
 Every hop (the first URL and each redirect target) is a request of its own:
 it asks the ``RequestGate`` first (robots.txt, address checks), waits for
-its host slot, and only then takes a token (which counts it in
-``num_requests:{source}``), so that it is sent the moment its token is
-spent: tokens held while queueing for a busy host would reach the site in
-bursts. Redirects are followed here rather than by aiohttp for exactly that
+its host slot, has its connection ready (kept alive, or opened now) and
+only then takes a token (which counts it in ``num_requests:{source}``), so
+that it is written the moment its token is spent: tokens held while
+queueing for a busy host or a handshake would reach the site in bursts. A
+connect that fails costs a token all the same (its SYNs reached the site).
+Redirects are followed here rather than by aiohttp for exactly that
 reason. The body is received into shared memory (``worker.http_client``)
 and abandoned past the size cap, so a hostile server cannot make us hold
 more than ``max_image_bytes``.

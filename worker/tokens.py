@@ -2,8 +2,9 @@
 
 The monitor sets each bucket once a second; a worker ``DECR``s it and may
 fetch only if the result is >= 0. The fetcher takes a token only once it
-holds the host slot, right before sending: a token taken early and spent
-after a wait for the slot would reach the site in a burst with later ones.
+holds the host slot and a connection, right before sending: a token taken
+early and spent after a wait for the slot or a handshake would reach the
+site in a burst with later ones.
 So waiting is split in two: ``until_available`` peeks (GET, no token spent)
 until the bucket has something, then ``take`` spends one inside the slot.
 
