@@ -6,7 +6,8 @@ JPEG after 200 ms. The local stack, the monitor's rate-limit regulator
 (token refills once a second) and one ``python -m worker`` run for real;
 URLs go straight to the ``urls.{source}`` topics. The sites' own arrival
 times are the evidence: the achieved total rate should be >= 95% of 150
-req/s, and no source above its limit.
+req/s, and no site seeing more than floor(limit) + 1 requests of its source in any
+sliding second.
 
 All sites share the host 127.0.0.1, so the per-host connection cap is raised
 (CRAWL_PER_HOST_CONNECTIONS) to what the fast source needs: the bench is
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import io
 import json
 import os
@@ -35,6 +35,7 @@ from bench.cpu import stat_cpu
 from common.contracts import INBOUND_SOURCES, override_rate_key, source_topic
 from common.kafka import ensure_topics, produce_waiting, producer_config
 from crawl_monitor.regulator import Regulator
+from demo.simweb import allowed_per_second, busiest_second
 from devstack.servers import free_port
 from devstack.stack import LocalStack
 
@@ -46,16 +47,20 @@ WARMUP = 20.0
 
 
 def serve(ports_path: str, log_path: str) -> None:
-    """The sites: one port per source, every image after LATENCY s; arrival times logged on SIGTERM."""
+    """The sites: one port per source, every image after LATENCY s; arrival times logged on SIGTERM.
+    The times are the kernel's receive stamps: this loop, busy with 150 req/s on a loaded
+    machine, would log requests it read late as a burst (demo.simweb)."""
     from aiohttp import web
     from PIL import Image
+
+    from demo.simweb import arrival, stamped_listener
 
     out = io.BytesIO()
     Image.new("RGB", (64, 48), (90, 140, 200)).save(out, "JPEG", quality=85)
     body, arrivals = out.getvalue(), []
 
     async def image(request: web.Request) -> web.Response:
-        arrivals.append((request.url.port, time.time()))
+        arrivals.append((request.url.port, arrival(request)))
         await asyncio.sleep(LATENCY)
         return web.Response(body=body, content_type="image/jpeg")
 
@@ -66,7 +71,7 @@ def serve(ports_path: str, log_path: str) -> None:
         await runner.setup()
         ports = json.loads(Path(ports_path).read_text())
         for port in ports.values():
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await web.SockSite(runner, stamped_listener("127.0.0.1", port)).start()
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         Path(log_path + ".ready").touch()
@@ -186,12 +191,6 @@ async def run(args: argparse.Namespace) -> None:
           + ", ".join(f"{name} {n / max(requests, 1):.2f}" for name, n in list(calls.items())[:8]) + ")")
 
 
-def peak_per_second(times: list[float]) -> int:
-    """Most arrivals within any one-second sliding window: what a site's own rate limiter sees."""
-    times = sorted(times)
-    return max((bisect.bisect_left(times, t + 1.0, lo=i) - i for i, t in enumerate(times)), default=0)
-
-
 def report(arrivals, ports, sources, window_start: float, seconds: float, messages: int, code: int,
            folder: Path) -> None:
     by_port = {port: source for source, port in ports.items()}
@@ -214,9 +213,11 @@ def report(arrivals, ports, sources, window_start: float, seconds: float, messag
     print(f"{'slow, min / max each':<22}{SLOW:>12.2f}{min(slow):>8.2f} / {max(slow):.2f}")
     print(f"{'total':<22}{limit:>12.1f}{total:>16.1f}{total / limit:>8.0%}")
     print(f"sources over their limit in the window: {over or 'none'}")
-    peaks = {source: peak_per_second(ts) for source, ts in times.items()}
-    print(f"peak requests in any 1-second sliding window, whole run: fast {peaks[FAST[0]]} (limit {FAST[1]:.0f}), "
-          f"slow at most {max(peaks[s] for s in SLOW_SOURCES)} (limit {SLOW})")
+    peaks = {source: busiest_second(sorted(ts))[0] for source, ts in times.items()}
+    print(f"busiest sliding second, whole run: fast {peaks[FAST[0]]} (allowed {allowed_per_second(FAST[1])}), "
+          f"slow at most {max(peaks[s] for s in SLOW_SOURCES)} (allowed {allowed_per_second(SLOW)}); "
+          f"sources above floor(limit) + 1: "
+          f"{[s for s in sources if peaks[s] > allowed_per_second(sources[s])] or 'none'}")
 
 
 def main() -> None:

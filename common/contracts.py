@@ -107,6 +107,9 @@ source_requests_key = _keyed("num_requests")  # every request a worker makes, fo
 # Held for 1/rate s after each request to a source, so the cluster's requests are evenly spaced
 # (a bucket refilled once a second allows twice the rate within one second).
 send_pace_key = _keyed("send_pace")
+# The send times of a source's last floor(rate) + 1 requests (a list, newest first): a request
+# goes only if the oldest of them is SEND_WINDOW_SECONDS old, so no second holds more.
+sent_log_key = _keyed("sent_log")
 # Held by the one active monitor (crawl_monitor.lease); its value names the holder.
 MONITOR_LEASE = "monitor_lease"
 # Adaptive back-off (crawl_monitor.adaptive): response times per source and time bucket

@@ -5,9 +5,9 @@ behaviour they choose (size, latency, 500s, 429 with Retry-After, robots.txt)
 and whose own log of requests is the evidence for politeness: the crawler's
 word about its rate proves nothing, the server's arrival times do. Sources
 are told apart by port, on 127.0.0.1 unless a site names another loopback
-address (the crawler's per-host cap keys on the host). A site may have a
-fixed number of server slots (``slots``), each busy ``latency`` seconds a
-request, so that a crawler faster than its capacity makes it queue.
+address (``SiteSpec.host``: the per-host cap keys on the host). A site may
+have a fixed number of server slots (``slots``), each busy ``latency``
+seconds a request, so that a crawler faster than its capacity makes it queue.
 
 Arrival times are the kernel's receive timestamps (``SO_TIMESTAMPNS``), not
 the handler's clock: on a 2-core machine the crawl can keep this loop off the
@@ -26,6 +26,7 @@ import bisect
 import csv
 import io
 import json
+import math
 import random
 import signal
 import socket
@@ -87,7 +88,7 @@ class SiteSpec:
     robots_txt: str | None = None  # None: /robots.txt is 404 (everything allowed)
     seed: int = 0
     slots: int = 0               # requests served at once, each for ``latency`` s; 0: no limit
-    host: str = HOST             # a loopback address of its own: 127.0.0.11, 127.0.0.12...
+    host: str = HOST             # any 127.x.y.z: distinct hosts get distinct per-host caps
 
 
 _SO_TIMESTAMPNS = 35  # Linux's option and its control message: a struct timespec per read
@@ -112,17 +113,18 @@ class _StampedSocket(socket.socket):
         return data
 
 
-def _listening_socket(host: str = HOST) -> _StampedSocket:
+def stamped_listener(host: str = HOST, port: int = 0) -> _StampedSocket:
+    """A listening socket whose requests' arrival times ``arrival`` reads (kernel receive stamps)."""
     listener = _StampedSocket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Set here, it holds for every connection from its first packet, even one accepted late.
     listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    listener.bind((host, 0))
+    listener.bind((host, port))
     listener.listen(512)
     return listener
 
 
-def _arrival(request: web.Request) -> float:
+def arrival(request: web.Request) -> float:
     """When the kernel received the request (the handler may run much later)."""
     transport_socket = request.transport.get_extra_info("socket") if request.transport else None
     arrived = getattr(getattr(transport_socket, "_sock", transport_socket), "arrived", 0.0)
@@ -160,7 +162,7 @@ class Site:
         return self.base_url + path
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        arrived = _arrival(request)
+        arrived = arrival(request)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -202,10 +204,6 @@ class Site:
     def requests(self, prefix: str = "") -> list[RequestRecord]:
         return [r for r in list(self.log) if r.path.startswith(prefix)]
 
-    def max_in_window(self, window: float = 1.0, times: list[float] | None = None) -> int:
-        """Most requests that arrived less than ``window`` seconds apart (a sliding window)."""
-        return peak_window(sorted(times if times is not None else (r.time for r in list(self.log))), window)[0]
-
     def throttled(self) -> list[RequestRecord]:
         return [r for r in list(self.log) if r.status == 429]
 
@@ -213,16 +211,16 @@ class Site:
                    robots_fetches: int = 1, since: float = 0.0) -> list[str]:
         """Every way the crawler was impolite to this site, judged from the server's log alone.
 
-        ``rate_limit`` may be exceeded by 10% plus one request in a one-second window (the
-        buckets are refilled once a second and requests spread by latency). After a 429, one
-        second is allowed for requests already under way before the pause must show.
+        No sliding one-second window may hold more than floor(``rate_limit``) + 1 requests
+        (``allowed_per_second``). After a 429, one second is allowed for requests already
+        under way before the pause must show.
         """
         log = [r for r in list(self.log) if r.time >= since]
         fetches = [r for r in log if r.path != ROBOTS_PATH]
         found = []
         times = sorted(r.time for r in fetches)
-        peak, at = peak_window(times, 1.0)
-        if peak > rate_limit * 1.1 + 1:
+        peak, at = busiest_second(times)
+        if peak > allowed_per_second(rate_limit):
             found.append(f"{self.spec.name}: {peak} requests in one second, limit {rate_limit:.2f}/s "
                          f"(from {at - times[0]:.2f} s after its first request)")
         if sum(r.path == ROBOTS_PATH for r in log) > robots_fetches:
@@ -247,11 +245,18 @@ class Site:
         return found
 
 
-def peak_window(times: list[float], window: float) -> tuple[int, float]:
-    """(most sorted ``times`` less than ``window`` apart, where that window starts)."""
+def allowed_per_second(limit: float) -> int:
+    """The most requests of a source a site may see in any sliding one-second window at a
+    limit of ``limit`` req/s: floor(limit) + 1, the promise of README's "Politeness"."""
+    return math.floor(limit + 1e-9) + 1  # 3.0 given as 2.9999999999 is still 3
+
+
+def busiest_second(times: list[float]) -> tuple[int, float]:
+    """(most requests among sorted arrival ``times`` in any sliding one-second window
+    [t, t + 1), where that window starts): what a site's own rate limiter would count."""
     best, at = 0, times[0] if times else 0.0
     for i, start in enumerate(times):
-        count = bisect.bisect_left(times, start + window, lo=i) - i
+        count = bisect.bisect_left(times, start + 1.0, lo=i) - i
         if count > best:
             best, at = count, start
     return best, at
@@ -272,7 +277,7 @@ class SimWeb:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             self._runners.append(runner)
-            listener = _listening_socket(site.spec.host)
+            listener = stamped_listener(site.spec.host)
             await web.SockSite(runner, listener).start()
             site.port = listener.getsockname()[1]
 

@@ -11,12 +11,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from common.contracts import source_requests_key, tokens_key
+from common.contracts import sent_log_key, source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetch import FetchError, Fetcher
 from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver
-from worker.constants import STALE_TOKEN_SECONDS
+from demo.simweb import allowed_per_second, busiest_second
+from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS
 from worker.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 
 SOURCE = "example"
@@ -215,6 +216,31 @@ async def test_the_token_is_spent_inside_the_host_slot_right_before_sending(serv
     assert seen == [("slot entered", 5), ("response", 4)]
 
 
+# At 10 req/s sends are 0.1 s apart, one going at most PACE_CATCH_UP_SECONDS ahead of its slot.
+EVEN_GAP = 0.1 - PACE_CATCH_UP_SECONDS - 0.005
+
+
+async def test_tasks_of_one_source_opening_connections_to_a_capped_host_all_finish(server, http) -> None:
+    """The token is taken with the connection open, and a task gives up its source's turn while
+    it connects; waiting for the turn again while holding the host's only slot deadlocked
+    against the turn's new holder waiting for that slot (bench.scheduler made no request)."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    one = asyncio.Semaphore(1)
+
+    class OneSlotGate(AllowAllGate):
+        @asynccontextmanager
+        async def host_slot(self, url: str):
+            async with one:
+                yield
+
+    fetcher = make_fetcher(http, redis, OneSlotGate())
+    urls = [str(server.make_url("/image"))] * 3
+    results = await asyncio.wait_for(asyncio.gather(*(fetcher.fetch(u, SOURCE) for u in urls)), 10)
+    assert [r.status for r in results] == [200] * 3
+    assert redis.integer(tokens_key(SOURCE)) == 7
+
+
 async def send_for_a_second(tokens: TokenBuckets, sends: list[float], source: str = SOURCE) -> None:
     """Send as a worker would for one second, noting each send's time."""
     loop = asyncio.get_running_loop()
@@ -235,8 +261,8 @@ async def test_requests_to_a_source_are_spaced_across_workers() -> None:
     await asyncio.gather(*(send_for_a_second(TokenBuckets(redis, rate_of=lambda source: 10.0), sends)
                            for _ in range(2)))
     sends.sort()
-    assert 2 <= len(sends) <= 12
-    assert min(b - a for a, b in pairwise(sends)) >= 0.09
+    assert len(sends) >= 2 and busiest_second(sends)[0] <= allowed_per_second(10.0)
+    assert min(b - a for a, b in pairwise(sends)) >= EVEN_GAP
 
 
 async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
@@ -250,8 +276,8 @@ async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
     rates[SOURCE] = 0.0                        # paused: the monitor says 0, the bucket refills
     sends: list[float] = []
     await send_for_a_second(tokens, sends)
-    assert 1 <= len(sends) <= 11
-    assert min((b - a for a, b in pairwise(sends)), default=1.0) >= 0.09
+    assert len(sends) >= 1 and busiest_second(sends)[0] <= allowed_per_second(10.0)
+    assert min((b - a for a, b in pairwise(sends)), default=1.0) >= EVEN_GAP
 
 
 async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, unique: str) -> None:
@@ -264,9 +290,31 @@ async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, uni
     await asyncio.gather(*(send_for_a_second(TokenBuckets(redis_client, rate_of=lambda s: 10.0), sends, source)
                            for _ in range(2)))
     sends.sort()
-    assert 5 <= len(sends) <= 12
-    assert min(b - a for a, b in pairwise(sends)) >= 0.09
+    assert len(sends) >= 5 and busiest_second(sends)[0] <= allowed_per_second(10.0)
+    assert min(b - a for a, b in pairwise(sends)) >= EVEN_GAP
     assert int(await redis_client.get(source_requests_key(source))) == len(sends)
+
+
+async def test_catch_up_never_puts_more_than_floor_rate_plus_one_in_a_second(redis_client, unique: str) -> None:
+    """Three workers asking as fast as they can at 100.5 req/s: pacing with its catch-up alone
+    would allow ~105 in a second (a burst, then 100.5/s); the send log holds it to 101."""
+    source = f"logged{unique}"
+    await redis_client.set(tokens_key(source), 100_000, ex=30)
+    sends: list[float] = []
+
+    async def greedy(tokens: TokenBuckets) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2.5
+        while loop.time() < deadline:
+            if await tokens.take(source):
+                sends.append(loop.time())
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(greedy(TokenBuckets(redis_client, rate_of=lambda s: 100.5)) for _ in range(3)))
+    sends.sort()
+    assert len(sends) >= 100
+    assert busiest_second(sends)[0] <= allowed_per_second(100.5) == 101
+    assert await redis_client.llen(sent_log_key(source)) == 101
 
 
 def answering_after(redis: FakeRedis, delays: list[float]) -> None:

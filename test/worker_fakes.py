@@ -42,18 +42,27 @@ class FakeRedis:
         assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR"
 
         async def paced_decr(keys: list[str], args: list[str]) -> list:
-            pace, bucket, requests = keys
-            interval, tolerance = map(float, args)
+            pace, bucket, requests, log = keys
+            interval, tolerance, window = float(args[0]), float(args[1]), float(args[3])
+            length = int(args[2])
             now = time.time()  # the script reads Redis's clock
+            sent: list[float] = self.store.setdefault(log, [])  # newest first
+
+            def ready(due: float) -> float:
+                return max(due - tolerance, sent[length - 1] + window) if length and len(sent) >= length \
+                    else due - tolerance
             due = float(self.store.get(pace, 0))
-            if due - tolerance > now:
-                return [1, 0, str(due - tolerance - now)]
+            if ready(due) > now:
+                return [1, 0, str(ready(due) - now)]
             left = await self.decr(bucket)
             if left >= 0:
                 self._incrby(requests, 1)
                 due = max(due, now) + interval
                 self.store[pace] = str(due)
-            return [0, left, str(max(0.0, due - tolerance - now))]
+                if length:
+                    sent.insert(0, now)
+                    del sent[length:]
+            return [0, left, str(max(0.0, ready(due) - now))]
         return paced_decr
 
     async def get(self, key: str) -> str | None:

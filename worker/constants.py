@@ -69,16 +69,25 @@ STATS_TRIM_INTERVAL = 1.0
 # source's rate (a token every 1/rate s) within these bounds.
 TOKEN_POLL_MIN = 0.05
 TOKEN_POLL_MAX = 0.25
-# Requests to a source are spaced 1 / (rate x margin) apart cluster-wide, with a catch-up of
-# (margin - 1) x rate requests: a little faster than the rate, so that scheduling delays do
-# not leave a second's tokens unused, and at most ~(2 x margin - 1) x rate + 1 in any second
-# (the tests allow 10% + 1). Numbers in docs/decisions.md, "Pacing margin".
-PACE_MARGIN = 1.03
-# A token whose answer arrived this much later than answers usually do (a moving average,
-# weight TOKEN_ANSWER_SMOOTHING per answer) is not used (worker/tokens.py): the worker was
-# stalled, and its request would reach the site bunched with the next one.
-STALE_TOKEN_SECONDS = 0.05
-TOKEN_ANSWER_SMOOTHING = 0.1
+# Requests to a source are spaced 1 / rate apart cluster-wide; one may go up to
+# PACE_CATCH_UP_SECONDS ahead of its even slot (a worker that was late catches up), and only
+# if the source's previous floor(rate) + 1 requests were sent at least SEND_WINDOW_SECONDS
+# earlier: no second at the site holds more than floor(rate) + 1, while requests delayed
+# unequally on their way by up to SEND_WINDOW_SECONDS - 1 s still arrive apart. The log keeps
+# at most SEND_LOG_MAX sends (rates above that are held over a proportionally shorter window).
+# Numbers in docs/decisions.md, "Pacing".
+PACE_CATCH_UP_SECONDS = 0.05
+SEND_WINDOW_SECONDS = 1.05
+SEND_LOG_MAX = 1000
+# A token whose answer arrived later than the fastest answers (a low quantile: down at once, up
+# by TOKEN_ANSWER_SMOOTHING of the difference per slower answer) by more than the spread the
+# source's rate tolerates is not used (worker/tokens.py, tolerated_lateness): the worker was
+# stalled, and its request would reach the site bunched with the next ones. The spread is
+# what floor(rate) + 2 sends span beyond one second, less ARRIVAL_JITTER_SECONDS for the way
+# to the site; at least STALE_TOKEN_SECONDS (SEND_WINDOW_SECONDS - 1 - ARRIVAL_JITTER_SECONDS).
+ARRIVAL_JITTER_SECONDS = 0.02
+STALE_TOKEN_SECONDS = 0.03
+TOKEN_ANSWER_SMOOTHING = 0.01
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute
 
 # --- URLs waiting for robots.txt (worker/robots_wait.py) ------------------------

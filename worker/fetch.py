@@ -2,10 +2,12 @@
 
 Every hop (the first URL and each redirect target) is a request of its own:
 it asks the ``RequestGate`` first (robots.txt, address checks), waits for
-its host slot, and only then takes a token (which counts it in
-``num_requests:{source}``), so that it is sent the moment its token is
-spent: tokens held while queueing for a busy host would reach the site in
-bursts. Redirects are followed here rather than by aiohttp for exactly that
+its host slot, has its connection ready (kept alive, or opened now) and
+only then takes a token (which counts it in ``num_requests:{source}``), so
+that it is written the moment its token is spent: tokens held while
+queueing for a busy host or a handshake would reach the site in bursts. A
+connect that fails costs a token all the same (its SYNs reached the site).
+Redirects are followed here rather than by aiohttp for exactly that
 reason. The body is received into shared memory (``worker.http_client``)
 and abandoned past the size cap, so a hostile server cannot make us hold
 more than ``max_image_bytes``.
@@ -29,7 +31,7 @@ from common.contracts import InvalidMessage, validate_url
 from common.jsonlog import log_event
 from common.statuses import Status
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
-from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient
+from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient, Ready
 from worker.politeness import Refused, RequestGate
 from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
@@ -79,10 +81,10 @@ class Fetcher:
         try:
             for _hop in range(MAX_REDIRECTS + 1):
                 await self._gate.before_request(url, source)
-                hop_wait, slot = await self._slot_and_token(url, source)
+                hop_wait, slot, ready = await self._slot_and_token(url, source)
                 waited += hop_wait
                 async with slot:
-                    status, headers, body, ttfb = await self._request(url, source)
+                    status, headers, body, ttfb = await self._request(url, source, ready)
                 location = headers.get("Location") if status in REDIRECT_STATUSES else None
                 if not location:
                     return Fetched(url, status, headers, body, waited, ttfb)
@@ -96,24 +98,50 @@ class Fetcher:
         except Exception as exc:
             raise _classify(exc, waited) from exc
 
-    async def _slot_and_token(self, url: str, source: str) -> tuple[float, AsyncExitStack]:
-        """The host slot, entered, with a token spent inside it; and the seconds waited for tokens."""
+    async def _slot_and_token(self, url: str, source: str) -> tuple[float, AsyncExitStack, Ready]:
+        """The host slot, entered, and a connection ready, with a token spent last; and the
+        seconds waited for tokens. The token comes last so that the request is written the
+        moment the token's answer is read: one spent before a connect would reach the site
+        late by the connect time, bunched with requests sent on kept-alive connections."""
         waited = 0.0
-        async with self._tokens.one_at_a_time(source):
+        failed: Exception | None = None  # a connect that failed still costs a token: SYNs are traffic
+        turn = _Turn(self._tokens.one_at_a_time(source))
+        try:
             while True:
+                await turn.take()  # never while holding a host slot: its holder may be waiting for one
                 waited += await self._tokens.until_available(source)
                 slot = AsyncExitStack()
                 await slot.enter_async_context(self._gate.host_slot(url))
+                ready = None
                 try:
+                    ready = self._client.idle(url) if failed is None else None
+                    if ready is None and failed is None:
+                        # The turn is given up for the handshake, so that it does not hold up the
+                        # source's other tasks, and not taken again: the token script is atomic,
+                        # the turn only spares Redis the polls of many waiting tasks.
+                        turn.give()
+                        try:
+                            ready = await self._client.connect(url)
+                        except Exception as exc:  # noqa: BLE001 - raised below, once its token is spent
+                            failed = exc
                     if await self._tokens.take(source):
-                        return waited, slot
+                        if failed is not None:
+                            raise failed
+                        assert ready is not None
+                        return waited, slot, ready
                 except BaseException:
+                    if ready is not None:
+                        ready.connection.close()
                     await slot.aclose()
                     raise
-                await slot.aclose()  # another worker took the last token: wait for the next
+                if ready is not None:
+                    self._client.give_back(url, ready)  # another worker took the last token
+                await slot.aclose()
+        finally:
+            turn.give()
 
-    async def _request(self, url: str, source: str) -> tuple[int, Mapping[str, str], Body, float]:
-        async with asyncio.timeout(self._total_timeout), self._client.get(url) as response:
+    async def _request(self, url: str, source: str, ready: Ready) -> tuple[int, Mapping[str, str], Body, float]:
+        async with asyncio.timeout(self._total_timeout), self._client.get(url, ready) as response:
             body = Body()
             try:
                 if 200 <= response.status < 300:
@@ -127,6 +155,25 @@ class Fetcher:
                     body.release()
                     raise
             return response.status, response.headers, body, response.ttfb
+
+
+class _Turn:
+    """The source's turn to wait for a token (``TokenBuckets.one_at_a_time``), and whether
+    this task holds it, so it can be given up during a connect and never released twice."""
+
+    def __init__(self, lock: asyncio.Lock):
+        self._lock = lock
+        self._held = False
+
+    async def take(self) -> None:
+        if not self._held:
+            await self._lock.acquire()
+            self._held = True
+
+    def give(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
 
 
 def _redirect_target(current: str, location: str) -> str:

@@ -40,6 +40,7 @@ import zlib
 from collections import defaultdict, deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 from collections.abc import AsyncIterator, Callable
 
 import httptools
@@ -475,6 +476,13 @@ class Response:
         return writer.size
 
 
+class Ready(NamedTuple):
+    """A connection to write a request on at once, and whether it served one before (a
+    server may have closed it meanwhile: the request is then retried once on a new one)."""
+    connection: _Connection
+    reused: bool
+
+
 class HttpClient:
     def __init__(self, user_agent: str, resolver=None, timeouts: Timeouts = Timeouts(),
                  ssl_context: ssl.SSLContext | None = None):
@@ -490,17 +498,35 @@ class HttpClient:
         self._sweeper: asyncio.TimerHandle | None = None  # pending while connections are idle
         self._closed = False
 
+    def idle(self, url: str) -> Ready | None:
+        """An idle keep-alive connection to ``url``'s origin, taken from the pool; None if none."""
+        connection = self._idle_connection(url_origin(url))
+        return Ready(connection, reused=True) if connection is not None else None
+
+    async def connect(self, url: str) -> Ready:
+        """A new connection to ``url``'s origin (resolved through the guard)."""
+        return Ready(await self._connect(*url_origin(url)), reused=False)
+
+    def give_back(self, url: str, ready: Ready) -> None:
+        """A connection not used after all: idle again, for the next request to its origin."""
+        self._keep(url_origin(url), ready.connection)
+
     @asynccontextmanager
-    async def get(self, url: str) -> AsyncIterator[Response]:
+    async def get(self, url: str, ready: Ready | None = None) -> AsyncIterator[Response]:
         """A GET of ``url``, its head read. The caller reads the body (or not) inside the block;
-        the connection is kept for another request only if the response was read to its end."""
+        the connection is kept for another request only if the response was read to its end.
+        With ``ready`` (from ``idle`` or ``connect``) the request bytes are written at once,
+        before any wait: the fetcher takes its token with the connection in hand."""
         origin = url_origin(url)  # the host the guard judged; InvalidHost (a ValueError) if none
         target = URL(url)
         request = _request_bytes(target, self._user_agent)
         for attempt in (1, 2):
-            idle = self._idle_connection(origin) if attempt == 1 else None
-            reused = idle is not None
-            connection = idle if idle is not None else await self._connect(*origin)
+            if attempt == 1 and ready is not None:
+                connection, reused = ready
+            else:
+                idle = self._idle_connection(origin) if attempt == 1 else None
+                reused = idle is not None
+                connection = idle if idle is not None else await self._connect(*origin)
             try:
                 connection.received_any = False
                 connection.write(request)

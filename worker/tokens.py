@@ -2,8 +2,9 @@
 
 The monitor sets each bucket once a second; a worker ``DECR``s it and may
 fetch only if the result is >= 0. The fetcher takes a token only once it
-holds the host slot, right before sending: a token taken early and spent
-after a wait for the slot would reach the site in a burst with later ones.
+holds the host slot and a connection, right before sending: a token taken
+early and spent after a wait for the slot or a handshake would reach the
+site in a burst with later ones.
 So waiting is split in two: ``until_available`` peeks (GET, no token spent)
 until the bucket has something, then ``take`` spends one inside the slot.
 
@@ -14,34 +15,51 @@ cost one GET every few hundred milliseconds, not hundreds.
 Requests are also spaced across the cluster: a bucket refilled once a
 second lets one second's tokens go at its end and the next second's at the
 start of the next, twice the rate within one second as the site sees it.
-So the ``DECR`` runs in a script that first checks ``send_pace:{source}``,
-the source's next send time (GCRA, the rate from ``rate_limit:{source}``):
-requests to a source are about 1/rate apart whichever worker sends them,
-with a catch-up of a few percent of the rate for a worker that fell behind.
+So the ``DECR`` runs in a script that first checks two things:
+
+- ``send_pace:{source}``, the source's next send time (GCRA at exactly
+  1/rate, the rate from ``rate_limit:{source}``): requests are about 1/rate
+  apart whichever worker sends them. A send may go up to
+  ``PACE_CATCH_UP_SECONDS`` ahead of its slot, so a worker that was late
+  makes up for it rather than leaving the second's tokens unused;
+- ``sent_log:{source}``, the send times of the source's last floor(rate) + 1
+  requests: the next may go only once the oldest of them is
+  ``SEND_WINDOW_SECONDS`` old. This is the promise to the site (no second
+  holds more than floor(rate) + 1 of the source's requests), whatever the
+  catch-up, the bucket's phase or the number of workers; the window is a
+  little over a second so that requests delayed unequally on their way
+  (within ``SEND_WINDOW_SECONDS`` - 1 of each other) still arrive within it.
+
 The script reads the time from Redis (``TIME``): one clock for the whole
 fleet, so neither a worker whose clock runs behind nor one stalled between
 reading its clock and reaching Redis can send early.
 
-A token whose answer came back more than ``STALE_TOKEN_SECONDS`` later
-than this worker's answers usually do is forfeited rather than spent: the
-worker (or Redis) was stalled, and a request sent that late would reach the
-site right before the next one, sent on time by another worker. "Usually"
-is a moving average, so a Redis that is always far away stops nothing.
-Forfeits are reported in ``worker_tokens_forfeited`` (at most once a
+The fetcher takes the token last, with its connection open, and writes the
+request as soon as the answer is read; so a request's delay from Redis's
+decision to the site is at most its answer's round trip. A token whose
+answer came back more than ``STALE_TOKEN_SECONDS`` later than this worker's
+fastest answers is forfeited rather than spent (it stays in the send log):
+the worker (or Redis) was stalled, and a request sent that late would reach
+the site bunched with the next ones, sent on time by other workers. The
+baseline is a low quantile of the answer times, not their mean, as the
+bound is on the spread of the delays; a Redis that is always far away stops
+nothing. Forfeits are reported in ``worker_tokens_forfeited`` (at most once a
 minute): many mean a worker short of CPU, whose sources get less than their rate.
 """
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable
 
 from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
-from common.contracts import send_pace_key, source_requests_key, tokens_key
+from common.contracts import send_pace_key, sent_log_key, source_requests_key, tokens_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
-from worker.constants import (FORFEIT_REPORT_SECONDS, PACE_MARGIN, STALE_TOKEN_SECONDS,
+from worker.constants import (ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS, PACE_CATCH_UP_SECONDS, SEND_LOG_MAX,
+                              SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS,
                               TOKEN_ANSWER_SMOOTHING, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
 
 
@@ -54,26 +72,69 @@ class SourceHalted(Exception):
     slot is better used elsewhere until the source resumes."""
 
 
-# One round trip per request: the pace check, the DECR and, when a token was had, the INCR
-# of num_requests:{source}. KEYS: send_pace, currtokens, num_requests of the source;
-# ARGV: interval (s, 0 when the rate is unknown), tolerance (s).
-# Returns {paced, tokens left after DECR, seconds until the next send may go}.
+# One round trip per request: the pace and log checks, the DECR and, when a token was had,
+# the INCR of num_requests:{source}. KEYS: send_pace, currtokens, num_requests, sent_log of
+# the source; ARGV: interval (s, 0 when the rate is unknown), tolerance (s), log length
+# (0: no log), window (s). Returns {paced, tokens left after DECR, seconds until the next
+# send may go}.
 PACED_DECR = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
+local length, window = tonumber(ARGV[3]), tonumber(ARGV[4])
+local function ready(due)
+  local at = due - tolerance
+  if length > 0 then
+    local oldest = tonumber(redis.call('LINDEX', KEYS[4], length - 1) or '')
+    if oldest then at = math.max(at, oldest + window) end
+  end
+  return at
+end
 local due = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-if due - tolerance > now then
-  return {1, 0, tostring(due - tolerance - now)}
+local at = ready(due)
+if at > now then
+  return {1, 0, tostring(at - now)}
 end
 local left = redis.call('DECR', KEYS[2])
 if left >= 0 then
   redis.call('INCR', KEYS[3])
   due = math.max(due, now) + interval
   redis.call('SET', KEYS[1], string.format('%.6f', due), 'PX', math.ceil((due - now) * 1000) + 1000)
+  if length > 0 then
+    redis.call('LPUSH', KEYS[4], string.format('%.6f', now))
+    redis.call('LTRIM', KEYS[4], 0, length - 1)
+    redis.call('PEXPIRE', KEYS[4], math.ceil(window * 1000) + 1000)
+  end
+  at = ready(due)
 end
-return {0, left, tostring(math.max(0, due - tolerance - now))}
+return {0, left, tostring(math.max(0, at - now))}
 """
+
+
+def send_log_length(rate: float) -> int:
+    """How many of a source's sends the log keeps: floor(rate) + 1, the most one second may
+    hold; bounded for huge rates (an operator's override), whose log then spans a shorter
+    window in proportion (``window_for``)."""
+    return min(math.floor(rate + 1e-9) + 1, SEND_LOG_MAX)
+
+
+def window_for(rate: float) -> float:
+    return SEND_WINDOW_SECONDS * send_log_length(rate) / (math.floor(rate + 1e-9) + 1)
+
+
+def tolerated_lateness(rate: float | None) -> float:
+    """How much later than the fastest answers a token may still be used at ``rate``.
+
+    floor(rate) + 2 consecutive sends span at least the log's window, and at least
+    (floor(rate) + 1) / rate less the catch-up (the pacing); whatever that span exceeds one
+    second by, less ``ARRIVAL_JITTER_SECONDS`` for the way to the site, is how unequally two
+    requests may be delayed and still not share a second. Above ~5 req/s that is the
+    window's 50 ms, so ``STALE_TOKEN_SECONDS`` (30 ms); a source at 0.5 req/s, whose
+    requests are 2 s apart, loses a token (and 2 s) only to a stall of most of a second."""
+    if not rate:
+        return STALE_TOKEN_SECONDS
+    paced = (math.floor(rate + 1e-9) + 1) / rate - PACE_CATCH_UP_SECONDS
+    return max(STALE_TOKEN_SECONDS, max(window_for(rate), paced) - 1.0 - ARRIVAL_JITTER_SECONDS)
 
 
 class TokenBuckets:
@@ -88,7 +149,7 @@ class TokenBuckets:
         self._halted: set[str] = set()
         self._next_send: dict[str, float] = {}  # source -> monotonic time its next token may be spent
         self._stocked: set[str] = set()  # sources whose last DECR left tokens: no need to peek
-        self._usual_answer: float | None = None  # moving average of the script's answer time, s
+        self._fastest_answer: float | None = None  # a low quantile of the script's answer time, s
         self._forfeited: dict[str, int] = {}  # source -> tokens forfeited since the last report
         self._slowest_answer = 0.0
         self._forfeits_reported_at = float("-inf")
@@ -124,28 +185,29 @@ class TokenBuckets:
     async def take(self, source: str) -> bool:
         """Claim the source's send turn, spend one token and count the request: True if it may go now."""
         rate = self._pacing_rate(source)
-        interval = 1.0 / (rate * PACE_MARGIN) if rate else 0.0  # unknown rate: the bucket alone decides
-        catch_up = int((rate or 0.0) * (PACE_MARGIN - 1.0))  # requests a late worker may send back to back
+        # Unknown rate: the bucket alone decides (the monitor publishes the rate with the bucket).
+        interval, length, window = (1.0 / rate, send_log_length(rate), window_for(rate)) if rate else (0.0, 0, 0.0)
         asked = time.monotonic()
         paced, left, wait = await self._paced_decr(
-            keys=[send_pace_key(source), tokens_key(source), source_requests_key(source)],
-            args=[f"{interval:.6f}", f"{catch_up * interval:.6f}"])
+            keys=[send_pace_key(source), tokens_key(source), source_requests_key(source), sent_log_key(source)],
+            args=[f"{interval:.6f}", f"{PACE_CATCH_UP_SECONDS:.6f}", str(length), f"{window:.6f}"])
         answered = time.monotonic()
         self._next_send[source] = answered + float(wait)
         if left > 0:
             self._stocked.add(source)
         granted = not paced and left >= 0
-        if granted and self._late(answered - asked):
+        if granted and self._late(answered - asked, tolerated_lateness(rate)):
             await self._redis.decr(source_requests_key(source))  # counted, but never sent
             self._report_forfeit(source, answered - asked)
             return False
         return granted
 
-    def _late(self, answer: float) -> bool:
-        """Whether this answer took ``STALE_TOKEN_SECONDS`` longer than answers usually do."""
-        usual = answer if self._usual_answer is None else self._usual_answer
-        self._usual_answer = usual + TOKEN_ANSWER_SMOOTHING * (answer - usual)
-        return answer > usual + STALE_TOKEN_SECONDS
+    def _late(self, answer: float, tolerated: float) -> bool:
+        """Whether this answer took more than ``tolerated`` longer than the fastest answers do."""
+        fastest = answer if self._fastest_answer is None else self._fastest_answer
+        # Down at once, up slowly: where answers settle when Redis really is further away now.
+        self._fastest_answer = fastest + (answer - fastest) * (1.0 if answer < fastest else TOKEN_ANSWER_SMOOTHING)
+        return answer > fastest + tolerated
 
     def _report_forfeit(self, source: str, answer_seconds: float) -> None:
         self._forfeited[source] = self._forfeited.get(source, 0) + 1
@@ -154,7 +216,7 @@ class TokenBuckets:
         if now - self._forfeits_reported_at >= FORFEIT_REPORT_SECONDS:
             log_event(EVENT_WORKER_TOKENS_FORFEITED, by_source=self._forfeited,
                       slowest_answer_ms=round(self._slowest_answer * 1000),
-                      usual_answer_ms=round((self._usual_answer or 0.0) * 1000, 1),
+                      fastest_answer_ms=round((self._fastest_answer or 0.0) * 1000, 1),
                       msg="tokens answered too late to send on time: this worker or its Redis stalled")
             self._forfeited, self._slowest_answer, self._forfeits_reported_at = {}, 0.0, now
 
