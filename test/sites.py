@@ -40,10 +40,13 @@ class Hit:
 
 
 class Site:
-    """An aiohttp site on 127.0.0.1 at a free port; other paths get ``default``."""
+    """An aiohttp site on ``host`` (127.0.0.1, or another loopback address so that the per-host
+    cap sees a host of its own) at a free port; other paths get ``default``."""
 
-    def __init__(self, pages: Mapping[str, Page] | None = None, default: Page | None = None, port: int = 0):
+    def __init__(self, pages: Mapping[str, Page] | None = None, default: Page | None = None, port: int = 0,
+                 host: str = "127.0.0.1"):
         self.port = port
+        self.host = host
         self.pages = dict(pages or {})
         self.default = default or Page()
         self.hits: list[Hit] = []
@@ -68,8 +71,8 @@ class Site:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.url = f"http://{self.host}:{self._runner.addresses[0][1]}"
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -15,41 +15,49 @@ PHOTO = image_bytes("JPEG", (64, 48))
 ALLOW = "User-agent: *\nDisallow: /private/\n"
 
 
-def free_port() -> int:
+WORKERS = 3
+DOWN, HEALTHY, MISSING, REFUSED = (f"127.0.0.{n}" for n in (11, 12, 13, 14))  # a host each: a per-host cap each
+
+
+def free_port(host: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]  # closed again: connections to it are refused until a site takes it
 
 
-def image_site(robots: Page, port: int = 0) -> Site:
+def image_site(robots: Page, host: str, port: int = 0) -> Site:
     return Site({"/robots.txt": robots}, default=Page(body=PHOTO, headers={"Content-Type": "image/jpeg"}),
-                port=port)
+                port=port, host=host)
 
 
 async def test_urls_wait_out_a_robots_txt_outage_and_are_crawled(workers, redis_client, kafka_hosts, unique):
     """503 for a while, then no connection for a while, then both answer: every URL succeeds,
-    none is disallowed, and a healthy host's URLs are crawled meanwhile; a 404 allows all."""
+    none is disallowed, and a healthy host's URLs are crawled meanwhile; a 404 allows all.
+    Three workers share the hosts: robots.txt is still asked for once per try, cluster-wide."""
     source = f"rout{unique}"
-    refused_port = free_port()
-    async with image_site(Page(503)) as down, image_site(Page(body=ALLOW)) as healthy, \
-            image_site(Page(404)) as missing:
+    refused_port = free_port(REFUSED)
+    async with image_site(Page(503), DOWN) as down, image_site(Page(body=ALLOW), HEALTHY) as healthy, \
+            image_site(Page(404), MISSING) as missing:
         plan = {f"{name}-{unique}-{i}": f"{base}/img/{i}.jpg"
                 for name, base in [("down", down.url), ("healthy", healthy.url), ("missing", missing.url),
-                                   ("refused", f"http://127.0.0.1:{refused_port}")] for i in range(3)}
+                                   ("refused", f"http://{REFUSED}:{refused_port}")] for i in range(3)}
         messages = [{"url": url, "uuid": uuid, "source": source} for uuid, url in plan.items()]
         ensure_topics(kafka_hosts, OUTCOME_TOPICS + [source_topic(source)], 4)
         outcomes = Outcomes(kafka_hosts, f"test-{unique}", set(plan))
         await outcomes.start()
         async with monitor_stand_in(redis_client, source, rate=20):
             await produce(kafka_hosts, source, messages)
-            worker = workers(MAX_TASKS="20")
+            crew = [workers(MAX_TASKS="20") for _ in range(WORKERS)]
+            worker = crew[0]
             await outcomes.wait_for(lambda o: len(o.terminal()) >= 6 and down.paths().count("/robots.txt") >= 1,
                                     timeout=90, worker=worker)
             crawled_meanwhile = set(outcomes.terminal())
             down.pages["/robots.txt"] = Page(body=ALLOW)  # back; the retry comes 30 s after the failure
-            async with image_site(Page(body=ALLOW), port=refused_port) as back:
+            async with image_site(Page(body=ALLOW), REFUSED, port=refused_port) as back:
                 await outcomes.wait_for(lambda o: len(o.terminal()) == len(plan), timeout=150, worker=worker)
-            await stop_cleanly(worker)
+            for member in crew:
+                assert member.process.poll() is None, member.log()
+                await stop_cleanly(member)
         await outcomes.close()
     assert {u for u in plan if u.startswith(("healthy", "missing"))} <= crawled_meanwhile
     assert not crawled_meanwhile & {u for u in plan if u.startswith(("down", "refused"))}
@@ -61,7 +69,7 @@ async def test_urls_wait_out_a_robots_txt_outage_and_are_crawled(workers, redis_
 
 async def test_urls_end_as_robots_unavailable_after_the_give_up(workers, redis_client, kafka_hosts, unique):
     source = f"rgive{unique}"
-    async with image_site(Page(503)) as down:
+    async with image_site(Page(503), DOWN) as down:
         plan = {f"gone-{unique}-{i}": f"{down.url}/img/{i}.jpg" for i in range(3)}
         ensure_topics(kafka_hosts, OUTCOME_TOPICS + [source_topic(source)], 4)
         outcomes = Outcomes(kafka_hosts, f"test-{unique}", set(plan))
