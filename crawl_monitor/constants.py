@@ -39,9 +39,13 @@ MONITORING_INTERVAL_SECONDS = 5.0
 LEASE_TTL_MS = 5000
 LEASE_RENEW_SECONDS = 1.0
 
+# --- Redis: the components' calls are few and pipelined; past this many at once a call waits.
+REDIS_MAX_CONNECTIONS = 16
+
 # --- Splitter.
 SPLIT_BATCH_SIZE = 5_000            # one flush and one commit per batch: the throughput lever
 SPLIT_POLL_SECONDS = 0.5
 SPLIT_FLUSH_SECONDS = 10.0
 SPLIT_MAX_BACKOFF_SECONDS = 30.0
 SPLIT_PARTITION_CHECK_SECONDS = 60.0  # how soon partitions an operator adds to inbound_images are read
+TOPIC_CREATE_BATCH = 500            # new source topics per CreateTopics request (a stop is checked between two)

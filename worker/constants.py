@@ -81,6 +81,12 @@ STALE_TOKEN_SECONDS = 0.05
 TOKEN_ANSWER_SMOOTHING = 0.1
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute
 
+# --- Redis (worker/__main__.py) ------------------------------------------------
+# Connections per worker; a task past them waits for one (common.redis_client). Every call
+# is one short round trip, so a few dozen serve MAX_TASKS; a fleet of 100 workers then holds
+# a few thousand of Redis's 10,000 (maxclients).
+REDIS_MAX_CONNECTIONS = 32
+
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
 POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages
