@@ -69,6 +69,9 @@ STATS_TRIM_INTERVAL = 1.0
 # source's rate (a token every 1/rate s) within these bounds.
 TOKEN_POLL_MIN = 0.05
 TOKEN_POLL_MAX = 0.25
+# The waiting sources' peeks share one MGET, at most one every this many seconds (a worker's
+# token reads per second do not grow with its sources; issue 20).
+TOKEN_PEEK_INTERVAL = 0.01
 # Requests to a source are spaced 1 / (rate x margin) apart cluster-wide, with a catch-up of
 # (margin - 1) x rate requests: a little faster than the rate, so that scheduling delays do
 # not leave a second's tokens unused, and at most ~(2 x margin - 1) x rate + 1 in any second
