@@ -95,6 +95,7 @@ POLL_BATCH = 500              # messages per consumer poll
 POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages
 REFRESH_INTERVAL = 2.0        # seconds between reads of sources, halts and rates
 IDLE_REFRESH_INTERVAL = 0.25  # the same while no source is known: a fresh crawl starts sooner
+SUBSCRIBE_INTERVAL = 10.0     # seconds between two subscription changes (each one rebalances the group)
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
