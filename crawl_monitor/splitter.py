@@ -190,7 +190,12 @@ class Splitter:
 
             def on_failure(err: KafkaError | None, message: Message, failed: list[Record] = failed) -> None:
                 if err is not None:  # the producer reports failures only
-                    failed.append((coordinates(message)[0], message.key(), message.value() or b""))
+                    # A message that never reached the broker (timed out in the queue) has a
+                    # topic but no partition or offset: only the topic is read.
+                    topic = message.topic()
+                    if topic is None:
+                        raise ValueError(f"a failed delivery without a topic: {err}")
+                    failed.append((topic, message.key(), message.value() or b""))
 
             for topic, key, value in pending:
                 self._produce(topic, key, value, on_failure)

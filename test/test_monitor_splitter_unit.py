@@ -71,6 +71,17 @@ def test_failed_deliveries_are_resent_before_the_commit() -> None:
     assert consumer.commits == [[("inbound", 0, 5)]]
 
 
+def test_messages_that_timed_out_in_the_queue_are_resent(capsys) -> None:
+    """librdkafka reports a message that never reached the broker with no partition or offset;
+    reading its coordinates raised, and the whole batch was produced again (seen at 5,000 sources)."""
+    producer = FakeProducer(fail_first=2, failed_offset=None)
+    splitter, consumer, _, _, _ = make([[FakeMessage(good(n), n) for n in range(5)]], producer=producer)
+    splitter.split_once(threading.Event())
+    assert sorted(key for _, key, _ in producer.delivered) == [f"u-{n}" for n in range(5)]  # once each
+    assert consumer.commits == [[("inbound", 0, 5)]]
+    assert "ValueError" not in capsys.readouterr().out  # resent as failures, not the batch retried
+
+
 def test_redis_down_is_waited_out_without_resending_or_skipping(monkeypatch) -> None:
     redis = FakeRedis()
     redis.fail_next = 2
