@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> None:
     plan = {FAST: FAST_URLS} | {s: SLOW_URLS for s in slow}
     folder = Path(tempfile.mkdtemp(prefix="bench-sources-"))
     port, log_path = free_port(), str(folder / "arrivals.json")
-    (folder / "sources.json").write_text("[]")  # every rate is an override
+    # Every rate is an override; the list names one source only so that it loads.
+    (folder / "sources.json").write_text(json.dumps([{"source_name": FAST, "image_count": 5_000}]))
     with LocalStack(folder / "stack") as stack:
         redis_port = int(stack.redis_url.rsplit(":", 1)[1].split("/")[0])
         site = subprocess.Popen([sys.executable, "-c", f"from bench.sources import serve; serve({port}, {log_path!r})"],
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace) -> None:
             time.sleep(0.1)
         client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
         client.mset({override_rate_key(s): rate for s, rate in rates.items()})
-        env = {**crawler_env(stack.environment(), folder / "sources.json", CRAWL_PER_HOST_CONNECTIONS="1000"),
+        env = {**crawler_env(stack.environment(), folder / "sources.json", CRAWL_PER_HOST_CONNECTIONS="1000",
+                            KAFKA_PARTITIONS=str(args.partitions)),
                "PYTHONPATH": str(ROOT)}
         cluster = Cluster(env, folder)
         cluster.start(args.workers)
@@ -192,7 +194,8 @@ def run(args: argparse.Namespace) -> None:
         first.setdefault(source, at)
         if source == FAST:
             fast_times.append(at)
-    print(f"\n{args.sources} slow sources + 1 fast, {args.workers} workers; logs in {folder}")
+    print(f"\n{args.sources} slow sources + 1 fast, {args.workers} workers, {args.partitions} partitions a topic; "
+          f"logs in {folder}")
     print(f"load average at the end: {os.getloadavg()}")
     if first:
         print(f"first request: {min(first.values()) - produced:.1f} s after the URLs were produced")
@@ -231,6 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sources", type=int, default=1000, help="slow sources (0.5 req/s, 4 URLs each)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=4, help="KAFKA_PARTITIONS: of each urls.{source} topic")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds after the URLs are produced")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds between starting and producing")
     run(parser.parse_args())

@@ -101,6 +101,7 @@ MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed
 LATENCY_SMOOTHING = 0.2       # weight of a new sample in the latency average
+ASSIGN_OFFSETS_TIMEOUT = 30.0  # seconds for the committed offsets of newly assigned partitions (worker/feed.py)
 CONSUMER_EXTRA_CONFIG = {
     # New sources add topics to the subscription; cooperative rebalancing
     # assigns their partitions without revoking (and re-delivering) the rest.
