@@ -24,6 +24,7 @@ from common.contracts import (EVENT_HTTP_API_ERROR, EVENT_MONITOR_COMPONENT_ERRO
                               EVENT_MONITOR_STOPPED)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
+from common.redis_client import bounded_redis
 from common.settings import Settings, load_settings
 from crawl_monitor import splitter
 from crawl_monitor.adaptive import Adaptation
@@ -31,7 +32,7 @@ from crawl_monitor.circuit_breaker import CircuitBreaker
 from crawl_monitor.http_api import start_http_api
 from crawl_monitor.lease import MonitorLease
 from crawl_monitor.constants import (BREAKER_CHECK_SECONDS, LEASE_RENEW_SECONDS, MONITORING_INTERVAL_SECONDS,
-                                     TICK_SECONDS)
+                                     REDIS_MAX_CONNECTIONS, TICK_SECONDS)
 from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.periodic import every
 from crawl_monitor.regulator import Regulator
@@ -51,7 +52,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    redis = aioredis.from_url(settings.redis_url, decode_responses=True)
+    redis = bounded_redis(settings.redis_url, REDIS_MAX_CONNECTIONS)
     lease = MonitorLease(redis)
     try:
         if await _first_done(lease.acquire(), stop.wait()) == "stopped":

@@ -22,6 +22,7 @@ TICK_SECONDS = 1.0
 # (fail closed). The cost: a tick more than 0.5 s late pauses the crawl briefly.
 BUCKET_TTL_MS = 1500
 RATE_LIMIT_TTL_SECONDS = 10
+REFILL_BATCH = 500                  # sources per pipeline of bucket writes (two SETs each)
 MAX_RETRY_AFTER_SECONDS = 60 * 60   # a Retry-After further away than this is capped
 UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60
 
@@ -38,6 +39,9 @@ MONITORING_INTERVAL_SECONDS = 5.0
 # --- One active monitor (crawl_monitor.lease): a standby takes over this long after a crash.
 LEASE_TTL_MS = 5000
 LEASE_RENEW_SECONDS = 1.0
+
+# --- Redis: the components' calls are few and pipelined; past this many at once a call waits.
+REDIS_MAX_CONNECTIONS = 16
 
 # --- Splitter.
 SPLIT_BATCH_SIZE = 5_000            # one flush and one commit per batch: the throughput lever
@@ -63,3 +67,5 @@ ADAPTIVE_BASELINE_DOUBLING_SECONDS = 300.0  # the baseline drifts up so, unless 
 ADAPTIVE_READINGS_KEPT = 30      # response buckets remembered per source (a minute)
 ADAPTIVE_READ_GRACE_SECONDS = 1.0  # a bucket is read this long after it ends: outcomes come in late
 ADAPTIVE_STATE_TTL_SECONDS = 3600  # adaptive:{source} outlives a monitor's restart, not a quiet hour
+
+TOPIC_CREATE_BATCH = 500            # new source topics per CreateTopics request (a stop is checked between two)

@@ -18,7 +18,7 @@ from common.source_sets import read_source_sets
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis
 from crawl_monitor.adaptive import Adaptation
-from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS,
+from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS, REFILL_BATCH,
                                      UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
 
@@ -79,13 +79,21 @@ class Regulator:
             grants[source] = self._take_tokens(source, rate)
             rates[source] = rate
 
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for source, tokens in grants.items():
-                pipe.set(contracts.tokens_key(source), tokens, px=BUCKET_TTL_MS)
-                pipe.set(contracts.rate_limit_key(source), rates[source], ex=RATE_LIMIT_TTL_SECONDS)
-            await pipe.execute()
+        await self._write(grants, rates)
         self.rates = rates
         return grants
+
+    async def _write(self, grants: dict[str, int], rates: dict[str, float]) -> None:
+        """The buckets and rates, REFILL_BATCH sources per pipeline: one pipeline of every
+        source held Redis (and every worker's command behind it) for its whole length, and
+        redis-py built it in one buffer (issue 20: 10,000 SETs a second at 5,000 sources)."""
+        sources = list(grants)
+        for start in range(0, len(sources), REFILL_BATCH):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for source in sources[start:start + REFILL_BATCH]:
+                    pipe.set(contracts.tokens_key(source), grants[source], px=BUCKET_TTL_MS)
+                    pipe.set(contracts.rate_limit_key(source), rates[source], ex=RATE_LIMIT_TTL_SECONDS)
+                await pipe.execute()
 
     async def empty_buckets(self) -> None:
         """On a clean stop, take every token back now rather than when the keys expire."""

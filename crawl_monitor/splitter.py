@@ -22,11 +22,11 @@ from redis import Redis
 
 from common import contracts
 from common.jsonlog import log_event
-from common.kafka import consumer_config, coordinates, ensure_topics, produce_waiting, producer_config
+from common.kafka import TopicCreator, consumer_config, coordinates, produce_waiting, producer_config
 from common.settings import Settings
 from common.protocols import SyncRedis
 from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
-                                     SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS)
+                                     SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS, TOPIC_CREATE_BATCH)
 
 Record = tuple[str, Any, bytes]  # topic, key, value
 _REFUSED_TOPIC_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
@@ -87,7 +87,7 @@ class Splitter:
     """One consumer, one producer and a Redis client, driven batch by batch from one thread."""
 
     def __init__(self, consumer: Consumer, producer: Producer, redis: SyncRedis,
-                 create_topics: Callable[[list[str]], None], *,
+                 create_topics: Callable[[list[str]], dict[str, KafkaError]], *,
                  inbound_topic: str = contracts.INBOUND_TOPIC, batch_size: int = SPLIT_BATCH_SIZE,
                  poll_seconds: float = SPLIT_POLL_SECONDS):
         self._consumer = consumer
@@ -143,21 +143,32 @@ class Splitter:
             self._producer.flush(1.0)
             self._redis.close()
 
-    def _prepare_topics(self, plan: SplitPlan) -> None:
-        """Create the batch's new source topics; reject the messages of a topic Kafka refuses.
+    def _prepare_topics(self, plan: SplitPlan, stop: threading.Event) -> None:
+        """Create the batch's new source topics, many per request; reject the messages of a
+        topic Kafka refuses.
 
         A refused name (``urls.a_b`` collides with ``urls.a.b`` on Kafka) is bad
-        input: retrying it forever would stall every other source behind it.
+        input: retrying it forever would stall every other source behind it. Any
+        other error (the broker away) retries the batch; the topics created so far
+        stay known, so a retry asks only for the rest.
         """
-        for topic in sorted({topic for topic, _, _ in plan.records} - self._ready_topics - set(self._refused)):
-            try:
-                self._create_topics([topic])
-            except KafkaException as exc:
-                if exc.args[0].code() not in _REFUSED_TOPIC_ERRORS:
-                    raise  # the broker is away: retry the batch
-                self._refused[topic] = f"Kafka refuses topic {topic}: {exc.args[0].str()}"
-                continue
-            self._ready_topics.add(topic)
+        new = sorted({topic for topic, _, _ in plan.records} - self._ready_topics - set(self._refused))
+        for start in range(0, len(new), TOPIC_CREATE_BATCH):
+            if stop.is_set():
+                raise Stopping()
+            chunk = new[start:start + TOPIC_CREATE_BATCH]
+            errors = self._create_topics(chunk)
+            transient = None
+            for topic in chunk:
+                error = errors.get(topic)
+                if error is None:
+                    self._ready_topics.add(topic)
+                elif error.code() in _REFUSED_TOPIC_ERRORS:
+                    self._refused[topic] = f"Kafka refuses topic {topic}: {error.str()}"
+                else:
+                    transient = transient or error
+            if transient is not None:
+                raise KafkaException(transient)  # the broker is away: retry the batch
         if any(topic in self._refused for topic, _, _ in plan.records):
             records, plan.records = plan.records, []
             for topic, key, value in records:
@@ -172,14 +183,19 @@ class Splitter:
                             if topic != contracts.REJECTED_TOPIC}
 
     def _deliver(self, plan: SplitPlan, stop: threading.Event) -> None:
-        self._prepare_topics(plan)
+        self._prepare_topics(plan, stop)
         pending = plan.records
         while pending:
             failed: list[Record] = []
 
             def on_failure(err: KafkaError | None, message: Message, failed: list[Record] = failed) -> None:
                 if err is not None:  # the producer reports failures only
-                    failed.append((coordinates(message)[0], message.key(), message.value() or b""))
+                    # A message that never reached the broker (timed out in the queue) has a
+                    # topic but no partition or offset: only the topic is read.
+                    topic = message.topic()
+                    if topic is None:
+                        raise ValueError(f"a failed delivery without a topic: {err}")
+                    failed.append((topic, message.key(), message.value() or b""))
 
             for topic, key, value in pending:
                 self._produce(topic, key, value, on_failure)
@@ -242,12 +258,15 @@ def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
     only splitter. The group id still keeps the committed offsets.
     """
     hosts, partitions = settings.kafka_hosts, settings.kafka_partitions
-    ensure_topics(hosts, [inbound_topic, contracts.REJECTED_TOPIC], partitions)
+    # One admin client for the splitter's life: a client per topic was issue 20's bottleneck.
+    topics = TopicCreator(hosts, partitions)
+    errors = topics.create([inbound_topic, contracts.REJECTED_TOPIC])
+    if errors:
+        raise KafkaException(next(iter(errors.values())))
     consumer = Consumer(consumer_config(hosts, group))
     producer = Producer(producer_config(hosts, **{"delivery.report.only.error": True}))
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
-    splitter = Splitter(consumer, producer, redis,
-                        lambda topics: ensure_topics(hosts, topics, partitions),
+    splitter = Splitter(consumer, producer, redis, topics.create,
                         inbound_topic=inbound_topic, batch_size=batch_size)
     splitter.assign_new_partitions()
     return splitter

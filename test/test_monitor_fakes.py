@@ -250,7 +250,8 @@ class FakeConsumer:
 class FakeProducer:
     """Acknowledges on flush; the first ``fail_first`` messages of a flush fail once each."""
 
-    def __init__(self, fail_first: int = 0, buffer_errors: int = 0):
+    def __init__(self, fail_first: int = 0, buffer_errors: int = 0, failed_offset: int | None = -1):
+        self.failed_offset = failed_offset  # None: as librdkafka reports a message that timed out queued
         self.delivered: list[tuple[str, Any, bytes]] = []
         self.queued: list[tuple[str, Any, bytes, Any]] = []
         self.fail_first = fail_first
@@ -270,7 +271,8 @@ class FakeProducer:
         for topic, key, value, on_delivery in queued:
             if self.fail_first:
                 self.fail_first -= 1
-                on_delivery("broker said no", FakeMessage(value, -1, topic, key=key))
+                on_delivery("broker said no", FakeMessage(value, self.failed_offset, topic,  # type: ignore[arg-type]
+                                                          key=key))
             else:
                 self.delivered.append((topic, key, value))
         return 0

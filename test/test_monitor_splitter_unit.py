@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from common import contracts
+from crawl_monitor.constants import TOPIC_CREATE_BATCH
 from crawl_monitor.splitter import Splitter, Stopping, plan_batch
 from test.test_monitor_fakes import FakeConsumer, FakeMessage, FakeProducer, FakeRedis
 
@@ -21,7 +22,12 @@ def make(batches, producer=None, redis=None):
     producer = producer or FakeProducer()
     redis = redis or FakeRedis()
     created: list[list[str]] = []
-    splitter = Splitter(consumer, producer, redis, created.append, inbound_topic="inbound")
+
+    def create(topics: list[str]) -> dict[str, KafkaError]:
+        created.append(topics)
+        return {}
+
+    splitter = Splitter(consumer, producer, redis, create, inbound_topic="inbound")
     return splitter, consumer, producer, redis, created
 
 
@@ -65,6 +71,17 @@ def test_failed_deliveries_are_resent_before_the_commit() -> None:
     assert consumer.commits == [[("inbound", 0, 5)]]
 
 
+def test_messages_that_timed_out_in_the_queue_are_resent(capsys) -> None:
+    """librdkafka reports a message that never reached the broker with no partition or offset;
+    reading its coordinates raised, and the whole batch was produced again (seen at 5,000 sources)."""
+    producer = FakeProducer(fail_first=2, failed_offset=None)
+    splitter, consumer, _, _, _ = make([[FakeMessage(good(n), n) for n in range(5)]], producer=producer)
+    splitter.split_once(threading.Event())
+    assert sorted(key for _, key, _ in producer.delivered) == [f"u-{n}" for n in range(5)]  # once each
+    assert consumer.commits == [[("inbound", 0, 5)]]
+    assert "ValueError" not in capsys.readouterr().out  # resent as failures, not the batch retried
+
+
 def test_redis_down_is_waited_out_without_resending_or_skipping(monkeypatch) -> None:
     redis = FakeRedis()
     redis.fail_next = 2
@@ -100,9 +117,9 @@ def test_a_batch_of_only_rejects_still_commits(capsys) -> None:
 
 
 def test_a_topic_kafka_refuses_sends_its_messages_to_rejected_and_the_rest_on() -> None:
-    def create(topics: list[str]) -> None:
-        if topics == ["urls.a.b"]:
-            raise KafkaException(KafkaError(KafkaError.TOPIC_EXCEPTION, "collides with urls.a_b"))
+    def create(topics: list[str]) -> dict[str, KafkaError]:
+        refused = KafkaError(KafkaError.TOPIC_EXCEPTION, "collides with urls.a_b")
+        return {topic: refused for topic in topics if topic == "urls.a.b"}
 
     batch = [FakeMessage(good(1, "a.b"), 1), FakeMessage(good(2, "fine"), 2), FakeMessage(good(3, "a.b"), 3)]
     consumer, producer, redis = FakeConsumer([batch, [FakeMessage(good(4, "a.b"), 4)]]), FakeProducer(), FakeRedis()
@@ -119,13 +136,57 @@ def test_a_topic_kafka_refuses_sends_its_messages_to_rejected_and_the_rest_on() 
 def test_a_broker_that_is_away_during_topic_creation_retries_the_batch(monkeypatch) -> None:
     attempts = []
 
-    def create(topics: list[str]) -> None:
+    def create(topics: list[str]) -> dict[str, KafkaError]:
         attempts.append(topics)
         if len(attempts) == 1:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+        return {}
 
     monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: self.is_set())
     consumer, producer, redis = FakeConsumer([[FakeMessage(good(1), 1)]]), FakeProducer(), FakeRedis()
     Splitter(consumer, producer, redis, create, inbound_topic="inbound").split_once(threading.Event())
     assert attempts == [["urls.example"], ["urls.example"]]
     assert [topic for topic, _, _ in producer.delivered] == ["urls.example"]
+
+
+def test_new_topics_are_created_many_per_request_whatever_the_number_of_sources() -> None:
+    """Issue 20: a request (and an admin client) per topic made 5,000 sources take minutes."""
+    batch = [FakeMessage(good(n, f"s{n:04d}"), n) for n in range(1200)]
+    splitter, consumer, producer, _, created = make([batch])
+    assert splitter.split_once(threading.Event()) == 1200
+    assert [len(topics) for topics in created] == [TOPIC_CREATE_BATCH, TOPIC_CREATE_BATCH, 200]
+    assert len({topic for topic, _, _ in producer.delivered}) == 1200 and consumer.commits
+
+
+def test_a_topic_the_broker_could_not_create_yet_retries_only_what_is_missing(monkeypatch) -> None:
+    attempts = []
+
+    def create(topics: list[str]) -> dict[str, KafkaError]:
+        attempts.append(topics)
+        late = KafkaError(KafkaError.REQUEST_TIMED_OUT, "timed out")
+        return {"urls.b": late} if len(attempts) == 1 else {}
+
+    monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: self.is_set())
+    batch = [FakeMessage(good(1, "a"), 1), FakeMessage(good(2, "b"), 2)]
+    consumer, producer, redis = FakeConsumer([batch]), FakeProducer(), FakeRedis()
+    Splitter(consumer, producer, redis, create, inbound_topic="inbound").split_once(threading.Event())
+    assert attempts == [["urls.a", "urls.b"], ["urls.b"]]
+    assert sorted(topic for topic, _, _ in producer.delivered) == ["urls.a", "urls.b"]
+    assert consumer.commits == [[("inbound", 0, 3)]]
+
+
+def test_a_stop_while_topics_are_created_leaves_the_batch_uncommitted() -> None:
+    """The splitter stops between two creation requests, not after every topic of the batch."""
+    stop = threading.Event()
+    created: list[list[str]] = []
+
+    def create(topics: list[str]) -> dict[str, KafkaError]:
+        created.append(topics)
+        stop.set()
+        return {}
+
+    batch = [FakeMessage(good(n, f"s{n:04d}"), n) for n in range(3 * TOPIC_CREATE_BATCH)]
+    consumer, producer, redis = FakeConsumer([batch]), FakeProducer(), FakeRedis()
+    with pytest.raises(Stopping):
+        Splitter(consumer, producer, redis, create, inbound_topic="inbound").split_once(stop)
+    assert len(created) == 1 and consumer.commits == [] and producer.delivered == []

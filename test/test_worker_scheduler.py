@@ -204,6 +204,7 @@ async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
 
 async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_INTERVAL", 0.0)
     feed = FakeFeed([])
     redis = await redis_with({"a": 1.0})
     scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
@@ -224,6 +225,28 @@ async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
     assert feed.subscriptions == [[source_topic("a")], [source_topic("a"), source_topic("b")],
                                   [source_topic("a"), source_topic("b"), source_topic("c")]]
     assert scheduler.rates == {"a": 1.0}  # kept, though its key is gone
+
+
+async def test_sources_that_trickle_in_join_the_subscription_together(monkeypatch) -> None:
+    """Issue 20: a subscription change per new source is a group rebalance per new source."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.02)
+    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_INTERVAL", 0.5)
+    feed = FakeFeed([])
+    redis = await redis_with({"s00": 1.0})
+    scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
+    runner = asyncio.create_task(scheduler.run())
+    async with asyncio.timeout(5):
+        while not feed.subscriptions:
+            await asyncio.sleep(0.01)
+        for n in range(1, 20):  # a new source every refresh or so, for ~0.8 s
+            await redis.sadd(INBOUND_SOURCES, f"s{n:02d}")
+            await asyncio.sleep(0.04)
+        while len(feed.subscriptions[-1]) < 20:
+            await asyncio.sleep(0.01)
+    scheduler.stop()
+    await runner
+    assert feed.subscriptions[0] == [source_topic("s00")]  # the first at once
+    assert len(feed.subscriptions) <= 4  # then at most one change per 0.5 s, not 19
 
 
 async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their_urls(monkeypatch) -> None:

@@ -70,6 +70,7 @@ class FakeRedis:
         return self.store.get(key)
 
     async def mget(self, keys: list[str]) -> list[str | None]:
+        self.calls.append(("mget", *keys))
         return [self.store.get(k) if isinstance(self.store.get(k), str) else None for k in keys]
 
     async def smembers(self, key: str) -> set[str]:

@@ -11,14 +11,14 @@ import resource
 import signal
 
 import aiohttp
-import redis.asyncio as aioredis
 
 from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOPPED
 from common.contracts import EVENT_TASK_CRASHED, ROBOTS_WAIT_GROUP, ROBOTS_WAIT_TOPICS, WORKER_GROUP
 from common.jsonlog import log_event
+from common.redis_client import bounded_redis
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, ensure_topics, producer_config
 from common.settings import Settings, load_settings
-from worker.constants import CONSUMER_EXTRA_CONFIG
+from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS
 from worker.feed import KafkaFeed
 from worker.fetch import Fetcher
 from worker.http_client import HttpClient
@@ -34,7 +34,7 @@ from worker.tokens import TokenBuckets
 
 
 async def run(settings: Settings) -> None:
-    redis = aioredis.from_url(settings.redis_url, decode_responses=True)
+    redis = bounded_redis(settings.redis_url, REDIS_MAX_CONNECTIONS)
     producer = AsyncProducer(producer_config(settings.kafka_hosts))
     consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
     # URLs waiting for robots.txt come back through a consumer of their own (worker.robots_wait).

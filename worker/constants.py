@@ -69,6 +69,9 @@ STATS_TRIM_INTERVAL = 1.0
 # source's rate (a token every 1/rate s) within these bounds.
 TOKEN_POLL_MIN = 0.05
 TOKEN_POLL_MAX = 0.25
+# The waiting sources' peeks share one MGET, at most one every this many seconds (a worker's
+# token reads per second do not grow with its sources).
+TOKEN_PEEK_INTERVAL = 0.01
 # Requests to a source are spaced 1 / rate apart cluster-wide; one may go up to
 # PACE_CATCH_UP_SECONDS ahead of its even slot (a worker that was late catches up), and only
 # if the source's previous floor(rate) + 1 requests were sent at least SEND_WINDOW_SECONDS
@@ -96,16 +99,24 @@ FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minu
 ROBOTS_WAIT_TIER_SECONDS = (30.0, 300.0, 3600.0)
 ROBOTS_WAIT_POLL_SECONDS = 0.5  # how late past its time a waiting URL may be handed back
 
+# --- Redis (worker/__main__.py) ------------------------------------------------
+# Connections per worker; a task past them waits for one (common.redis_client). Every call
+# is one short round trip, so a few dozen serve MAX_TASKS; a fleet of 100 workers then holds
+# a few thousand of Redis's 10,000 (maxclients).
+REDIS_MAX_CONNECTIONS = 32
+
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
 POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages
 REFRESH_INTERVAL = 2.0        # seconds between reads of sources, halts and rates
 IDLE_REFRESH_INTERVAL = 0.25  # the same while no source is known: a fresh crawl starts sooner
+SUBSCRIBE_INTERVAL = 10.0     # seconds between two subscription changes (each one rebalances the group)
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed
 LATENCY_SMOOTHING = 0.2       # weight of a new sample in the latency average
+ASSIGN_OFFSETS_TIMEOUT = 30.0  # seconds for the committed offsets of newly assigned partitions (worker/feed.py)
 CONSUMER_EXTRA_CONFIG = {
     # New sources add topics to the subscription; cooperative rebalancing
     # assigns their partitions without revoking (and re-delivering) the rest.

@@ -32,7 +32,7 @@ from common.protocols import AsyncRedis, MessageProducer
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
-                              POLL_BATCH, POLL_TIMEOUT, REFRESH_INTERVAL)
+                              POLL_BATCH, POLL_TIMEOUT, REFRESH_INTERVAL, SUBSCRIBE_INTERVAL)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
@@ -73,6 +73,7 @@ class Scheduler:
         self._paused: set[TP] = set()
         self._assigned: dict[TP, str] = {}  # owned partition -> its source (parsed once)
         self._next_refresh = 0.0
+        self._next_subscribe = 0.0
         self._next_commit = 0.0
 
     def stop(self) -> None:
@@ -114,7 +115,10 @@ class Scheduler:
         # value: forgetting the rate would stop the pacing, forgetting the source its topic.
         parsed = {source: _as_rate(raw) for source, raw in zip(names, rates, strict=True)}
         self.rates.update({source: rate for source, rate in parsed.items() if rate is not None})
-        if not set(names) <= self._sources:
+        # New sources join the subscription together, at most once per SUBSCRIBE_INTERVAL once
+        # there is one: each change is a rebalance of the whole group, and sources that trickle
+        # in would make one every refresh (issue 20).
+        if not set(names) <= self._sources and (not self._sources or time.monotonic() >= self._next_subscribe):
             known = self._sources | set(names)
             try:
                 await self._feed.subscribe([source_topic(s) for s in sorted(known)])
@@ -122,6 +126,7 @@ class Scheduler:
                 log_event(EVENT_WORKER_SUBSCRIBE_FAILED, error=repr(exc)[:300])
                 return
             self._sources = known
+            self._next_subscribe = time.monotonic() + SUBSCRIBE_INTERVAL
             log_event(EVENT_WORKER_SUBSCRIBED, sources=len(known))
 
     # --- partitions and messages ----------------------------------------------

@@ -1,0 +1,38 @@
+"""The worker's Kafka feed on the real broker: new partitions start at the group's commits, or at 0."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from common.kafka import AsyncConsumer, consumer_config, ensure_topics, producer_config
+from worker.constants import CONSUMER_EXTRA_CONFIG
+from worker.feed import KafkaFeed
+
+
+async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kafka_hosts: str, unique: str) -> None:
+    topic, group = f"urls.feed{unique}", f"feed-{unique}"
+    ensure_topics(kafka_hosts, [topic], 4)
+    producer = Producer(producer_config(kafka_hosts))
+    for partition in range(4):
+        for n in range(3):
+            producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
+    assert producer.flush(30) == 0
+    # The group finished partition 2 up to offset 2 earlier (another worker, say).
+    earlier = Consumer(consumer_config(kafka_hosts, group))
+    earlier.commit(offsets=[TopicPartition(topic, 2, 2)], asynchronous=False)
+    earlier.close()
+
+    consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
+    feed = KafkaFeed(consumer)
+    await feed.subscribe([topic])
+    read: list[tuple[int, int]] = []
+    try:
+        async with asyncio.timeout(60):
+            while len(read) < 10:
+                batch = await feed.poll(100, 0.2)
+                read += [(record.partition, record.offset) for record in batch.records]
+    finally:
+        await consumer.close()
+    assert sorted(read) == sorted([(p, n) for p in (0, 1, 3) for n in range(3)] + [(2, 2)])
