@@ -38,7 +38,7 @@ async def run(settings: Settings) -> None:
     producer = AsyncProducer(producer_config(settings.kafka_hosts))
     consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
     # URLs waiting for robots.txt come back through a consumer of their own (worker.robots_wait).
-    wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, ROBOTS_WAIT_GROUP))
+    wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, ROBOTS_WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
     pool = ImagePool()
     connector = build_connector(settings, limit=settings.max_tasks,
                                 limit_per_host=settings.crawl_per_host_connections)
