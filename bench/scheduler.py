@@ -31,6 +31,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from confluent_kafka import Producer
 
+from bench.site_process import serve_until_stopped
 from bench.cpu import stat_cpu
 from common.contracts import INBOUND_SOURCES, override_rate_key, source_topic
 from common.kafka import ensure_topics, produce_waiting, producer_config
@@ -72,12 +73,7 @@ def serve(ports_path: str, log_path: str) -> None:
         ports = json.loads(Path(ports_path).read_text())
         for port in ports.values():
             await web.SockSite(runner, stamped_listener("127.0.0.1", port)).start()
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        Path(log_path + ".ready").touch()
-        await stop.wait()
-        Path(log_path).write_text(json.dumps(arrivals))
-        await runner.cleanup()
+        await serve_until_stopped(runner, log_path, arrivals)
 
     asyncio.run(main())
 

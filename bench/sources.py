@@ -35,6 +35,7 @@ from pathlib import Path
 import redis
 from confluent_kafka import Producer
 
+from bench.site_process import serve_until_stopped
 from bench.cpu import _tree, stat_cpu
 from common.contracts import (EVENT_INFRA_RETRY, EVENT_KAFKA_CLIENT_ERROR, EVENT_MONITOR_COMPONENT_ERROR,
                               EVENT_WORKER_PARTITIONS, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED,
@@ -75,12 +76,7 @@ def serve(port: int, log_path: str) -> None:
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        Path(log_path + ".ready").touch()
-        await stop.wait()
-        Path(log_path).write_text(json.dumps(arrivals))
-        await runner.cleanup()
+        await serve_until_stopped(runner, log_path, arrivals)
 
     asyncio.run(main())
 
