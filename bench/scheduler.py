@@ -113,17 +113,21 @@ def load(kafka_hosts: str, ports: dict[str, int], seconds: float) -> int:
     return total
 
 
+async def tick_each_second(regulator: Regulator, stop: asyncio.Event) -> None:
+    """Tick on the second until ``stop``, as ``python -m crawl_monitor`` does."""
+    while not stop.is_set():
+        await regulator.tick(time.time())
+        try:
+            await asyncio.wait_for(stop.wait(), 1.0 - time.time() % 1.0)
+        except TimeoutError:
+            pass
+
+
 async def regulate(redis_url: str, stop: asyncio.Event) -> None:
     """The monitor's regulator, ticking once a second as ``python -m crawl_monitor`` would."""
     redis = aioredis.from_url(redis_url, decode_responses=True)
-    regulator = Regulator(redis)
     try:
-        while not stop.is_set():
-            await regulator.tick(time.time())
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0 - time.time() % 1.0)
-            except TimeoutError:
-                pass
+        await tick_each_second(Regulator(redis), stop)
     finally:
         await redis.aclose()
 

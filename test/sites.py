@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from collections.abc import Mapping
 from urllib.parse import urljoin
 
@@ -22,6 +24,31 @@ from worker.politeness import Refused, RequestGate
 
 TEST_USER_AGENT = "polite-test-bot/1.0 (+http://127.0.0.1/about)"
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def run_racing(module: str, argv_per_process: list[list[str]], timeout: float) -> list:
+    """Run ``python -m module`` once per argument list, all at once (other crawler processes
+    racing for the same Redis), and return what each printed as JSON on its last line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *argv, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) for argv in argv_per_process]
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), timeout)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    outcomes = []
+    for p, (out, err) in zip(procs, results, strict=True):
+        assert p.returncode == 0, err.decode()[-2000:]
+        outcomes.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return outcomes
 
 
 @dataclass

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from common.contracts import INBOUND_SOURCES, override_rate_key
+from bench.scheduler import tick_each_second
 from crawl_monitor.regulator import Regulator
 from demo.simweb import SimWeb, SiteSpec, allowed_per_second, busiest_second
+from test.sites import run_racing
 
-ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 3
 SECONDS = 14.0
 LATENCY = 0.02
@@ -27,33 +24,13 @@ LATENCY = 0.02
 async def regulate(redis_client, stop: asyncio.Event) -> None:
     """The monitor's regulator, ticking on the second as ``python -m crawl_monitor`` does."""
     regulator = Regulator(redis_client)
-    while not stop.is_set():
-        await regulator.tick(time.time())
-        try:
-            await asyncio.wait_for(stop.wait(), 1.0 - time.time() % 1.0)
-        except TimeoutError:
-            pass
+    await tick_each_second(regulator, stop)
     await regulator.empty_buckets()
 
 
 async def run_crawlers(redis_url: str, plan: dict[str, str]) -> list[dict[str, dict[str, int]]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "test.pacing_crawler", redis_url, str(PROCESSES), str(SECONDS), json.dumps(plan),
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        for _ in range(PROCESSES)]
-    try:
-        results = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), SECONDS + 60)
-    finally:
-        for p in procs:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
-    outcomes = []
-    for p, (out, err) in zip(procs, results, strict=True):
-        assert p.returncode == 0, err.decode()[-2000:]
-        outcomes.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return outcomes
+    argv = [redis_url, str(PROCESSES), str(SECONDS), json.dumps(plan)]
+    return await run_racing("test.pacing_crawler", [argv] * PROCESSES, SECONDS + 60)
 
 
 @pytest.mark.parametrize("rates", [(0.2, 0.5, 3.7, 20.0, 120.4), (1.0, 7.0, 200.0)],

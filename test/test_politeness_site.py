@@ -2,24 +2,19 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 import time
 from itertools import pairwise
-from pathlib import Path
 
 import aiohttp
 import pytest
 
 from common.contracts import retry_after_key
 from common.settings import Settings
-from test.sites import TEST_USER_AGENT, Page, Site, fetch_politely
+from test.sites import TEST_USER_AGENT, Page, Site, fetch_politely, run_racing
 from test.worker_fakes import LoopbackResolver
 from worker.politeness.addresses import system_resolve
 from worker.politeness.gate import build_gate
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def settings(redis_url: str, **overrides) -> Settings:
@@ -36,23 +31,7 @@ async def session():
 
 async def run_crawlers(redis_url: str, url_lists: list[list[str]]) -> list[list]:
     """Run one crawler process per URL list, all racing; their outcomes."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "test.sites", redis_url, str(len(url_lists)), *urls,
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        for urls in url_lists]
-    try:
-        results = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 60)
-    finally:
-        for p in procs:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
-    outcomes = []
-    for p, (out, err) in zip(procs, results, strict=True):
-        assert p.returncode == 0, err.decode()[-2000:]
-        outcomes.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return outcomes
+    return await run_racing("test.sites", [[redis_url, str(len(url_lists)), *urls] for urls in url_lists], 60)
 
 
 async def test_disallowed_paths_are_never_requested(redis_client, redis_url, session):
