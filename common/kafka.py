@@ -251,12 +251,16 @@ class TopicCreator:
                     errors[name] = exc.args[0]
         return errors
 
+    def ensure(self, topics: list[str]) -> None:
+        """Create ``topics`` or find them there; raise the first error otherwise."""
+        errors = self.create(topics)
+        if errors:
+            raise KafkaException(next(iter(errors.values())))
+
 
 def ensure_topics(hosts: str, topics: Iterable[str], partitions: int, timeout: float = TOPIC_CREATE_TIMEOUT) -> None:
     """Create topics with ``partitions`` partitions; existing ones are left as they are."""
-    errors = TopicCreator(hosts, partitions, timeout).create(list(topics))
-    if errors:
-        raise KafkaException(next(iter(errors.values())))
+    TopicCreator(hosts, partitions, timeout).ensure(list(topics))
 
 
 def list_topics(hosts: str, timeout: float = 10.0) -> dict[str, int]:

@@ -260,9 +260,7 @@ def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
     hosts, partitions = settings.kafka_hosts, settings.kafka_partitions
     # One admin client for the splitter's life: a client per topic was issue 20's bottleneck.
     topics = TopicCreator(hosts, partitions)
-    errors = topics.create([inbound_topic, contracts.REJECTED_TOPIC])
-    if errors:
-        raise KafkaException(next(iter(errors.values())))
+    topics.ensure([inbound_topic, contracts.REJECTED_TOPIC])
     consumer = Consumer(consumer_config(hosts, group))
     producer = Producer(producer_config(hosts, **{"delivery.report.only.error": True}))
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
