@@ -36,7 +36,8 @@ from bench.cpu import stat_cpu
 from common.contracts import INBOUND_SOURCES, override_rate_key, source_topic
 from common.kafka import ensure_topics, produce_waiting, producer_config
 from crawl_monitor.regulator import Regulator
-from demo.simweb import allowed_per_second, busiest_second
+from common.contracts import allowed_per_second
+from demo.simweb import busiest_second
 from devstack.servers import free_port
 from devstack.stack import LocalStack
 

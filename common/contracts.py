@@ -7,6 +7,7 @@ everywhere else; renaming one is a breaking change to SPEC.md.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, UTC
@@ -316,3 +317,10 @@ def quality_message(identifier: str, width: int, height: int,
 
 def exif_message(identifier: str, exif: dict[str, Any]) -> bytes:
     return json.dumps({"identifier": identifier, "exif": exif}).encode()
+
+
+def allowed_per_second(limit: float) -> int:
+    """The most requests of a source a site may see in any sliding one-second window at a
+    limit of ``limit`` req/s: floor(limit) + 1, the promise of README's "Politeness" (the
+    send log of ``worker.tokens`` keeps this many; the sites' checks allow this many)."""
+    return math.floor(limit + 1e-9) + 1  # 3.0 given as 2.9999999999 is still 3

@@ -20,7 +20,8 @@ from common.contracts import CRAWL_ERRORS_TOPIC, rate_limit_key
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
-from demo.simweb import ROBOTS_PATH, Planned, SimWeb, allowed_per_second, busiest_second, spec_rate
+from common.contracts import allowed_per_second
+from demo.simweb import ROBOTS_PATH, Planned, SimWeb, busiest_second, spec_rate
 
 DOWNLOAD_THREADS = 8
 

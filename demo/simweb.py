@@ -26,7 +26,6 @@ import bisect
 import csv
 import io
 import json
-import math
 import random
 import signal
 import socket
@@ -47,6 +46,7 @@ from aiohttp import web
 from PIL import Image
 from protego import Protego
 
+from common.contracts import allowed_per_second
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY
 
 HOST = "127.0.0.1"
@@ -243,12 +243,6 @@ class Site:
                 found.append(f"{self.spec.name}: {len(early)} requests within Retry-After "
                              f"{self.spec.retry_after}s of a 429")
         return found
-
-
-def allowed_per_second(limit: float) -> int:
-    """The most requests of a source a site may see in any sliding one-second window at a
-    limit of ``limit`` req/s: floor(limit) + 1, the promise of README's "Politeness"."""
-    return math.floor(limit + 1e-9) + 1  # 3.0 given as 2.9999999999 is still 3
 
 
 def busiest_second(times: list[float]) -> tuple[int, float]:

@@ -13,7 +13,8 @@ import pytest
 from common.contracts import INBOUND_SOURCES, override_rate_key
 from bench.scheduler import tick_each_second
 from crawl_monitor.regulator import Regulator
-from demo.simweb import SimWeb, SiteSpec, allowed_per_second, busiest_second
+from common.contracts import allowed_per_second
+from demo.simweb import SimWeb, SiteSpec, busiest_second
 from test.sites import run_racing
 
 PROCESSES = 3

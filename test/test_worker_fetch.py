@@ -17,7 +17,8 @@ from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetch import FetchError, Fetcher
 from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver
-from demo.simweb import allowed_per_second, busiest_second
+from common.contracts import allowed_per_second
+from demo.simweb import busiest_second
 from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_PEEK_INTERVAL
 from worker.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 

@@ -50,13 +50,12 @@ minute): many mean a worker short of CPU, whose sources get less than their rate
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Callable
 
 from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
-from common.contracts import send_pace_key, sent_log_key, source_requests_key, tokens_key
+from common.contracts import allowed_per_second, send_pace_key, sent_log_key, source_requests_key, tokens_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from worker.constants import (ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS, PACE_CATCH_UP_SECONDS, SEND_LOG_MAX,
@@ -116,11 +115,11 @@ def send_log_length(rate: float) -> int:
     """How many of a source's sends the log keeps: floor(rate) + 1, the most one second may
     hold; bounded for huge rates (an operator's override), whose log then spans a shorter
     window in proportion (``window_for``)."""
-    return min(math.floor(rate + 1e-9) + 1, SEND_LOG_MAX)
+    return min(allowed_per_second(rate), SEND_LOG_MAX)
 
 
 def window_for(rate: float) -> float:
-    return SEND_WINDOW_SECONDS * send_log_length(rate) / (math.floor(rate + 1e-9) + 1)
+    return SEND_WINDOW_SECONDS * send_log_length(rate) / allowed_per_second(rate)
 
 
 def tolerated_lateness(rate: float | None) -> float:
@@ -134,7 +133,7 @@ def tolerated_lateness(rate: float | None) -> float:
     requests are 2 s apart, loses a token (and 2 s) only to a stall of most of a second."""
     if not rate:
         return STALE_TOKEN_SECONDS
-    paced = (math.floor(rate + 1e-9) + 1) / rate - PACE_CATCH_UP_SECONDS
+    paced = allowed_per_second(rate) / rate - PACE_CATCH_UP_SECONDS
     return max(STALE_TOKEN_SECONDS, max(window_for(rate), paced) - 1.0 - ARRIVAL_JITTER_SECONDS)
 
 
