@@ -123,6 +123,12 @@ def response_times_key(source: str, bucket_start: int) -> str:
     return f"response_ms:{source}:{bucket_start}"
 
 
+# Sorted set: each source scored by the Unix time of its latest outcome (workers ZADD with
+# every outcome). The monitor's per-second work reads only the sources it names as recent,
+# so that work follows the sources being crawled, not every source ever seen (issue 20).
+ACTIVE_SOURCES = "active_sources"
+
+
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.
 
 

@@ -38,6 +38,7 @@ from common import contracts
 from common.protocols import AsyncRedis
 from common.redis_values import as_text, finite_number
 from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket
+from crawl_monitor.active_sources import active_since
 from crawl_monitor.constants import (ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE, ADAPTIVE_FLOOR_RPS,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
@@ -100,6 +101,10 @@ class Controller:
 
     def observe(self, reading: Reading, ceiling: float, now: float, enabled: bool = True) -> str:
         """Take one bucket's answers; change the multiplier if they call for it. Returns the verdict."""
+        # Only buckets that had answers are observed, so the window is kept by time, not count.
+        window = ADAPTIVE_READINGS_KEPT * RESPONSE_BUCKET_SECONDS
+        while self.readings and self.readings[0].start <= reading.start - window:
+            self.readings.popleft()
         self.readings.append(reading)
         newest = list(reversed(self.readings))
         bins, _, total = _merged(newest)
@@ -178,6 +183,7 @@ class Adaptation:
         self._unrestored: set[str] = set()
         self.disabled: set[str] = set()
         self._next_bucket: int | None = None
+        self._saved_as: dict[str, tuple[float, bool]] = {}  # source -> (ceiling, enabled) last saved
 
     def effective(self, source: str, ceiling: float) -> float:
         """The rate to grant a source whose limit is ``ceiling`` (req/s) this second."""
@@ -191,7 +197,12 @@ class Adaptation:
         return controller.rate(ceiling)
 
     async def update(self) -> None:
-        """Once a second: the switches, any saved state of new sources, and the buckets that ended."""
+        """Once a second: the switches, any saved state of new sources, and the buckets that ended.
+
+        Only the sources with an outcome since the oldest due bucket began (``active_sources``)
+        can have answers in it; only they are read, judged and saved, with any source whose
+        ceiling or switch changed. A quiet source's state waits in memory, and in Redis.
+        """
         now = self._clock()
         sources = sorted(self._ceilings)
         if not sources:
@@ -201,13 +212,14 @@ class Adaptation:
         if self._next_bucket is None or self._next_bucket < oldest_kept:  # new, or stalled for long
             self._next_bucket = last_complete
         due = list(range(self._next_bucket, last_complete + 1, RESPONSE_BUCKET_SECONDS))
+        answered = sorted(await active_since(self._redis, due[0]) & set(sources)) if due else []
         unrestored = sorted(self._unrestored)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.mget([contracts.adaptive_off_key(s) for s in sources])
             for source in unrestored:
                 pipe.hgetall(contracts.adaptive_key(source))
             for start in due:
-                for source in sources:
+                for source in answered:
                     pipe.hgetall(contracts.response_times_key(source, start))
             replies = await pipe.execute()
         switches, saved, buckets = replies[0], replies[1:1 + len(unrestored)], replies[1 + len(unrestored):]
@@ -216,19 +228,36 @@ class Adaptation:
             if raw:
                 self.controllers[source] = Controller.restored(raw)
         self._unrestored.clear()
-        if not due:
-            return
-        self._next_bucket = due[-1] + RESPONSE_BUCKET_SECONDS
+        if due:
+            self._next_bucket = due[-1] + RESPONSE_BUCKET_SECONDS
         raw_buckets = iter(buckets)
+        observed = set()
         for start in due:
-            for source in sources:
+            for source in answered:
                 bins, overload = parse_bucket(next(raw_buckets) or {})
-                self.controllers[source].observe(Reading(start, bins, overload), self._ceilings[source], now,
-                                                 enabled=source not in self.disabled)
+                if bins or overload:
+                    observed.add(source)
+                    self.controllers[source].observe(Reading(start, bins, overload), self._ceilings[source], now,
+                                                     enabled=source not in self.disabled)
+        await self._save(observed, sources)
+
+    async def _save(self, observed: set[str], sources: list[str]) -> None:
+        """``adaptive:{source}`` of the sources just judged and of those whose ceiling or switch
+        changed; a judged source's expiry is renewed, so a quiet hour ends its state."""
+        changed = []
+        for source in sources:
+            seen_as = (self._ceilings[source], source not in self.disabled)
+            if source in observed or self._saved_as.get(source) != seen_as:
+                self._saved_as[source] = seen_as
+                changed.append(source)
+        if not changed:
+            return
         async with self._redis.pipeline(transaction=False) as pipe:
-            for source in sources:
+            for source in changed:
                 key = contracts.adaptive_key(source)
-                pipe.hset(key, mapping=self.controllers[source].saved(self._ceilings[source],
-                                                                      source not in self.disabled))
+                enabled = source not in self.disabled
+                if not enabled:  # switched off: its ceiling at once, as the regulator grants it
+                    self.controllers[source].multiplier, self.controllers[source].slow_start = 1.0, False
+                pipe.hset(key, mapping=self.controllers[source].saved(self._ceilings[source], enabled))
                 pipe.expire(key, ADAPTIVE_STATE_TTL_SECONDS)
             await pipe.execute()

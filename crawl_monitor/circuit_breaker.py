@@ -1,6 +1,7 @@
 """The error circuit breaker (SPEC.md §3): stop crawling a source that its errors say we are hurting.
 
-Workers record every request's status; this reads those records once a second.
+Workers record every request's status; this reads those records once a second, for the
+sources with an outcome in the last minute (``active_sources``) and the paused ones.
 A surge (over 10% errors in the last minute) pauses the source until the
 minute's ratio falls back; 50 failures in a row halt it until an operator
 looks (``srem halted {source}``). Only unexpected statuses count as errors:
@@ -17,8 +18,9 @@ from common.statuses import is_expected
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.protocols import AsyncRedis
-from crawl_monitor.constants import (BUCKET_TRIM_SECONDS, TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
-                                     TEMP_HALT_WINDOW_SECONDS)
+from crawl_monitor.active_sources import active_since, forget_quiet
+from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BUCKET_TRIM_SECONDS, TEMP_HALT_ERROR_RATIO,
+                                     TEMP_HALT_MIN_SAMPLES, TEMP_HALT_WINDOW_SECONDS)
 
 
 
@@ -51,12 +53,22 @@ class CircuitBreaker:
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._next_bucket_trim = 0.0
+        self._judged_every_source = False
+        self._last_bucket_trim = float("-inf")  # the first trim looks at every source of the day
 
     async def check(self, now: float) -> None:
         """Judge every source on its requests up to ``now`` (Unix time, as workers score them)."""
         sets = await read_source_sets(self._redis)
-        inbound, halted, temp_halted = sets.inbound, sets.halted, sets.temp_halted
-        sources = sorted(set(inbound) | set(temp_halted))
+        halted, temp_halted = sets.halted, sets.temp_halted
+        # A source without an outcome in the last minute has nothing new to judge: its window
+        # only empties, which matters to a temporary halt alone (issue 20: 5,000 sources). The
+        # first check judges every source: what happened while no monitor ran is judged too.
+        if self._judged_every_source:
+            since = now - contracts.MINUTE_WINDOW_SECONDS - ACTIVE_SOURCES_SLACK_SECONDS
+            recent = await active_since(self._redis, since)
+        else:
+            recent, self._judged_every_source = set(sets.inbound), True
+        sources = sorted(recent | set(temp_halted))
         if not sources:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -73,8 +85,11 @@ class CircuitBreaker:
             await self._judge(source, [status_of(m) for m in minute], list(last_50),
                               source in halted, source in temp_halted)
         if now >= self._next_bucket_trim:
-            self._next_bucket_trim = now + BUCKET_TRIM_SECONDS
-            await self._trim_buckets(sources, now)
+            # Buckets are added only with outcomes: the sources active since the last trim.
+            since = self._last_bucket_trim - ACTIVE_SOURCES_SLACK_SECONDS
+            self._last_bucket_trim, self._next_bucket_trim = now, now + BUCKET_TRIM_SECONDS
+            await self._trim_buckets(sorted(await active_since(self._redis, since)), now)
+            await forget_quiet(self._redis, now)
 
     async def _trim_buckets(self, sources: list[str], now: float) -> None:
         """Drop the count windows' buckets that ended before their window began."""

@@ -67,5 +67,12 @@ ADAPTIVE_BASELINE_DOUBLING_SECONDS = 300.0  # the baseline drifts up so, unless 
 ADAPTIVE_READINGS_KEPT = 30      # response buckets remembered per source (a minute)
 ADAPTIVE_READ_GRACE_SECONDS = 1.0  # a bucket is read this long after it ends: outcomes come in late
 ADAPTIVE_STATE_TTL_SECONDS = 3600  # adaptive:{source} outlives a monitor's restart, not a quiet hour
+# active_sources (crawl_monitor.active_sources): members quiet this long are dropped.
+ACTIVE_SOURCES_KEPT_SECONDS = 24 * 3600
+# How far before its last look a reader asks for recent sources: workers score an outcome
+# with their own clock, which may run behind the monitor's.
+ACTIVE_SOURCES_SLACK_SECONDS = 5.0
+# The monitoring log and the dashboard re-read quiet sources this often (active ones each time).
+ACTIVE_SOURCES_FULL_READ_SECONDS = 60.0
 
 TOPIC_CREATE_BATCH = 500            # new source topics per CreateTopics request (a stop is checked between two)

@@ -60,6 +60,7 @@ from common.contracts import EVENT_HTTP_API_ERROR, EVENT_HTTP_API_STARTED
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.settings import Settings
+from crawl_monitor.active_sources import Rereads
 from crawl_monitor.source_state import SourceState, read_sources
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -251,9 +252,10 @@ class _Api:
         return web.FileResponse(STATIC_DIR / "index.html")
 
     async def sample_forever(self, every: float) -> None:
+        rereads, sources = Rereads(), None
         while True:
             try:
-                sources = await read_sources(self.redis)
+                sources = await read_sources(self.redis, sources, rereads)
             except RedisError as exc:
                 log_event(EVENT_HTTP_API_ERROR, where="sampler", error=repr(exc))
                 sources = None

@@ -17,6 +17,7 @@ from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import as_text, count, finite_number
 from common.protocols import AsyncRedis
+from crawl_monitor.active_sources import Rereads
 
 _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
 
@@ -24,11 +25,14 @@ _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
 class MonitoringLog:
     """Builds and logs each update; ``latest`` holds the last one for the dashboard."""
 
-    def __init__(self, redis: AsyncRedis, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, redis: AsyncRedis, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
         self._redis = redis
         self._clock = clock
         self._previous: tuple[float, dict[str, int]] | None = None
         self.latest: dict[str, Any] | None = None
+        self._rereads = Rereads(wall_clock)
+        self._specific: dict[str, dict[str, Any]] = {}  # source -> its counters as last read
 
     async def update(self) -> dict[str, Any]:
         """Read the counters, log one ``monitoring_update`` and return it."""
@@ -65,27 +69,31 @@ class MonitoringLog:
         return self.latest
 
     async def _per_source(self, sources: list[str]) -> dict[str, dict[str, Any]]:
+        """Each source's counters; only the sources ``Rereads`` names are read again, the rest
+        are as last read with this second's rate limit (one MGET): at 5,000 sources, reading
+        them all every 5 s was a sixth of the monitor's time (issue 20)."""
         if not sources:
             return {}
+        due = sorted(await self._rereads.due(self._redis, sources, self._specific))
         async with self._redis.pipeline(transaction=False) as pipe:
-            for source in sources:
+            pipe.mget([contracts.rate_limit_key(source) for source in sources])
+            for source in due:
                 pipe.get(contracts.resized_key(source))
                 pipe.get(contracts.errors_key(source))
                 pipe.lrange(contracts.last_50_key(source), 0, -1)
-                pipe.get(contracts.rate_limit_key(source))
                 pipe.hgetall(contracts.adaptive_key(source))
-            replies = await pipe.execute()
-        specific = {}
-        for index, source in enumerate(sources):
-            successful, error, last_50, rate_limit, adaptive = replies[index * 5:(index + 1) * 5]
-            specific[source] = {
+            rate_limits, *replies = await pipe.execute()
+        for index, source in enumerate(due):
+            successful, error, last_50, adaptive = replies[index * 4:(index + 1) * 4]
+            self._specific[source] = {
                 "successful": count(successful),
                 "error": count(error),
                 "last_50_statuses": dict(Counter(last_50)),
-                "rate_limit": finite_number(rate_limit) or 0.0,
                 **adaptive_view(adaptive or {}),
             }
-        return specific
+        self._specific = {source: self._specific[source] for source in sources}  # forget the removed ones
+        return {source: {**self._specific[source], "rate_limit": finite_number(rate_limit) or 0.0}
+                for source, rate_limit in zip(sources, rate_limits, strict=True)}
 
 
 def adaptive_view(raw: dict) -> dict[str, Any]:

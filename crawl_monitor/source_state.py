@@ -13,6 +13,7 @@ from common.contracts import (adaptive_key, adaptive_off_key, error_statuses_key
                               rate_limit_key, resized_key, source_requests_key, tokens_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets
+from crawl_monitor.active_sources import Rereads
 
 
 @dataclass
@@ -57,30 +58,45 @@ def _whole(number: float | None) -> int | None:
     return None if number is None else int(number)
 
 
-async def read_sources(redis: Redis) -> dict[str, SourceState]:
-    """Every source in ``inbound_sources`` with its counters, limits and halts."""
+async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = None,
+                       rereads: Rereads | None = None) -> dict[str, SourceState]:
+    """Every source in ``inbound_sources`` with its counters, limits and halts.
+
+    With ``previous`` and ``rereads`` (a periodic reader), the per-source reads (the adaptive
+    state, the failures by status) are made only for the sources ``rereads`` names; the others
+    keep what ``previous`` holds. The rest is one MGET per key kind, whatever the count.
+    """
     sets = await read_source_sets(redis)
     sources, halted, temp_halted = sorted(sets.inbound), sets.halted, sets.temp_halted
+    if not sources:
+        return {}
+    known = previous or {}
+    due = sources if rereads is None else sorted(await rereads.due(redis, sources, known))
+    kinds = (source_requests_key, resized_key, rate_limit_key, override_rate_key, tokens_key, adaptive_off_key)
     pipe = redis.pipeline(transaction=False)
-    for source in sources:
-        for key in (source_requests_key(source), resized_key(source), rate_limit_key(source),
-                    override_rate_key(source), tokens_key(source)):
-            pipe.get(key)
-        pipe.get(adaptive_off_key(source))
+    for key_of in kinds:
+        pipe.mget([key_of(source) for source in sources])
+    for source in due:
         pipe.hgetall(adaptive_key(source))
-    values = await pipe.execute()
-    errors = await _read_errors(redis, sources)
+    replies = await pipe.execute()
+    columns, adaptive_states = replies[:len(kinds)], replies[len(kinds):]
+    errors = await _read_errors(redis, due)
+    adapted = {source: {as_text(k): finite_number(v) for k, v in (raw or {}).items()}
+               for source, raw in zip(due, adaptive_states, strict=True)}
     states = {}
-    for i, source in enumerate(sources):
-        requests, successes, rate, override, tokens, off, adaptive = values[7 * i:7 * i + 7]
-        adapted = {as_text(k): finite_number(v) for k, v in (adaptive or {}).items()}
+    for source, requests, successes, rate, override, tokens, off in zip(sources, *columns, strict=True):
+        before = known.get(source, SourceState())
+        adaptive = adapted.get(source)
         states[source] = SourceState(
             requests=count(requests), successes=count(successes),
-            errors=errors[source],
+            errors=errors.get(source, before.errors),
             rate_limit=finite_number(rate), override=finite_number(override),
             tokens=_whole(finite_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,
-            ceiling=adapted.get("ceiling"), effective_rate=adapted.get("effective_rate"),
-            baseline_ms=adapted.get("baseline_ms"), recent_ms=adapted.get("recent_ms"), adaptive=off is None,
+            ceiling=adaptive.get("ceiling") if adaptive is not None else before.ceiling,
+            effective_rate=adaptive.get("effective_rate") if adaptive is not None else before.effective_rate,
+            baseline_ms=adaptive.get("baseline_ms") if adaptive is not None else before.baseline_ms,
+            recent_ms=adaptive.get("recent_ms") if adaptive is not None else before.recent_ms,
+            adaptive=off is None,
         )
     return states

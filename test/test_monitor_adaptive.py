@@ -6,9 +6,9 @@ import statistics
 import pytest
 
 from common import contracts
-from common.response_times import OVERLOAD_FIELD, bin_of, bucket_start, median_ms, parse_bucket
+from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_SECONDS, bin_of, bucket_start, median_ms, parse_bucket
 from crawl_monitor.adaptive import DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading
-from crawl_monitor.constants import ADAPTIVE_FLOOR_RPS
+from crawl_monitor.constants import ADAPTIVE_FLOOR_RPS, ADAPTIVE_READINGS_KEPT, ADAPTIVE_START_SHARE
 from crawl_monitor.regulator import Regulator
 from test.test_monitor_fakes import FakeAsyncRedis
 
@@ -152,6 +152,12 @@ def test_the_model_site_stays_responsive_and_busy_only_with_adaptation() -> None
     assert median > 2 and served == pytest.approx(10, rel=0.05)
 
 
+def answered(store, source: str, at: float, seconds: float, times: int) -> None:
+    """What a worker's Stats.record leaves: the response bucket, and the source marked active."""
+    store.hincrby(contracts.response_times_key(source, bucket_start(at)), str(bin_of(seconds)), times)
+    store.zadd(contracts.ACTIVE_SOURCES, {source: at}, gt=True)
+
+
 async def test_the_regulator_grants_what_the_back_off_allows_from_redis() -> None:
     redis = FakeAsyncRedis()
     store = redis.store
@@ -167,9 +173,8 @@ async def test_the_regulator_grants_what_the_back_off_allows_from_redis() -> Non
     assert await regulator.tick(now[0]) == {"slow": 4, "off": 40}
     for second in range(1, 40):
         now[0] = T0 + 0.5 + second
-        start = bucket_start(now[0])
         for source in ("slow", "off"):
-            store.hincrby(contracts.response_times_key(source, start), str(bin_of(0.2)), 5)
+            answered(store, source, now[0], 0.2, 5)
         await adaptation.update()
         await regulator.tick(now[0])
     assert regulator.rates == {"slow": 40, "off": 40}
@@ -180,7 +185,7 @@ async def test_the_regulator_grants_what_the_back_off_allows_from_redis() -> Non
     # Slow answers: the grant drops within seconds; a new monitor continues from the saved state.
     for second in range(40, 50):
         now[0] = T0 + 0.5 + second
-        store.hincrby(contracts.response_times_key("slow", bucket_start(now[0])), str(bin_of(1.5)), 10)
+        answered(store, "slow", now[0], 1.5, 10)
         await adaptation.update()
         await regulator.tick(now[0])
     assert regulator.rates["slow"] < 40 * 0.7 * 0.7 + 1e-9
@@ -188,3 +193,38 @@ async def test_the_regulator_grants_what_the_back_off_allows_from_redis() -> Non
     assert successor.effective("slow", 40) == 4  # until it has read the saved state
     await successor.update()
     assert successor.effective("slow", 40) == pytest.approx(regulator.rates["slow"], rel=0.01)
+
+
+async def test_each_second_reads_and_saves_only_the_sources_with_answers() -> None:
+    """Issue 20: at 5,000 sources, reading every source's bucket each second took the monitor's
+    whole second. Quiet sources are not read or rewritten; a changed ceiling is still saved."""
+    redis = FakeAsyncRedis()
+    store = redis.store
+    now = [T0 + 0.5]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    quiet = [f"quiet{n}" for n in range(1000)]
+    for source in ["busy", *quiet]:
+        adaptation.effective(source, 40)
+    await adaptation.update()
+    for source in quiet:  # the first update saves every new source once
+        store.delete(contracts.adaptive_key(source))
+    for second in range(1, 30):
+        now[0] = T0 + 0.5 + second
+        answered(store, "busy", now[0], 0.2, 5)
+        await adaptation.update()
+    assert adaptation.controllers["busy"].multiplier == 1.0  # slow start ran to the ceiling
+    assert all(not store.hgetall(contracts.adaptive_key(source)) for source in quiet)
+    assert adaptation.controllers["quiet0"].multiplier == ADAPTIVE_START_SHARE
+    adaptation.effective("quiet0", 80)  # the operator raised its override
+    await adaptation.update()
+    assert float(store.hgetall(contracts.adaptive_key("quiet0"))["ceiling"]) == 80
+    assert not store.hgetall(contracts.adaptive_key("quiet1"))
+
+
+def test_a_source_answering_now_and_then_is_judged_on_the_last_minute_only() -> None:
+    """Buckets without answers are not observed, so old ones leave the window by time."""
+    controller = Controller(multiplier=1.0, slow_start=False)
+    controller.observe(Reading(T0, {bin_of(0.2): 20}), 10, T0)
+    controller.observe(Reading(T0 + 2 * RESPONSE_BUCKET_SECONDS * ADAPTIVE_READINGS_KEPT, {bin_of(0.2): 1}), 10,
+                       T0 + 120)
+    assert [r.start for r in controller.readings] == [T0 + 2 * RESPONSE_BUCKET_SECONDS * ADAPTIVE_READINGS_KEPT]

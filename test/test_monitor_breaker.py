@@ -21,7 +21,8 @@ def redis() -> FakeAsyncRedis:
 
 
 def record(redis: FakeAsyncRedis, statuses: list[str], at: float, source: str = "example") -> None:
-    """What a worker writes per request: every window, and the last-50 list."""
+    """What a worker writes per request: every window, the last-50 list, and the source as active."""
+    redis.store.zadd(contracts.ACTIVE_SOURCES, {source: at}, gt=True)
     for status in statuses:
         redis.store.zadd(contracts.one_minute_window_key(source), {f"{status}:{uuid.uuid4().hex}": at})
         for prefix, (_seconds, bucket) in contracts.STATUS_COUNT_WINDOWS.items():
@@ -142,3 +143,18 @@ async def test_only_an_operator_lifts_a_permanent_halt(redis, capsys) -> None:
     redis.store.srem(contracts.HALTED, "example")
     await breaker.check(T0 + 2)
     assert redis.store.smembers(contracts.HALTED) == set()
+
+
+async def test_after_the_first_check_only_sources_with_recent_outcomes_are_read(redis) -> None:
+    """Issue 20: the breaker's second reads the sources being crawled, not all it ever saw."""
+    for n in range(500):
+        redis.store.sadd(contracts.INBOUND_SOURCES, f"quiet{n}")
+    breaker = CircuitBreaker(redis)
+    await breaker.check(T0)  # every source, once
+    record(redis, ["500"] * 50, at=T0 + 10)
+    reads = []
+    original = redis.store.zrangebyscore
+    redis.store.zrangebyscore = lambda key, low, high: reads.append(key) or original(key, low, high)
+    await breaker.check(T0 + 11)
+    assert redis.store.smembers(contracts.HALTED) == {"example"}
+    assert reads == [contracts.ACTIVE_SOURCES, contracts.one_minute_window_key("example")]

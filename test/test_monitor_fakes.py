@@ -108,8 +108,10 @@ class FakeStore:
         counts = self.data.get(key, {})
         return sum(counts.pop(field, None) is not None for field in fields)
 
-    def zadd(self, key: str, mapping: dict[str, float]) -> int:
+    def zadd(self, key: str, mapping: dict[str, float], gt: bool = False) -> int:
         zset = self.data.setdefault(key, {})
+        if gt:
+            mapping = {m: s for m, s in mapping.items() if s > zset.get(m, float("-inf"))}
         added = len(set(mapping) - set(zset))
         zset.update(mapping)
         return added

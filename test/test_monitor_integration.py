@@ -263,7 +263,9 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
             {"url": "https://op.example/1.jpg", "uuid": f"{unique}-1", "source": source.upper()}).encode()])
         wait_for(lambda: redis.sismember(contracts.INBOUND_SOURCES, source), what="the source split")
 
+        # What workers leave after 50 failed requests: the statuses, and the source marked active.
         redis.rpush(contracts.last_50_key(source), *["503"] * 50)
+        redis.zadd(contracts.ACTIVE_SOURCES, {source: time.time()})
         wait_for(lambda: redis.get(contracts.tokens_key(source)) == "0", what="the halt")
         halted = wait_for(lambda: monitor.events(contracts.EVENT_CRAWL_HALTED), what="crawl_halted")
         assert halted[0]["type"] == "permanent" and halted[0]["source"] == source

@@ -100,8 +100,8 @@ class FakePipeline:
         self._ops: list[tuple[str, tuple]] = []
 
     def __getattr__(self, name: str):
-        def queue(*args):
-            self._ops.append((name, args))
+        def queue(*args, **kwargs):
+            self._ops.append((name, args + tuple(kwargs.items())))
             return self
         return queue
 
@@ -110,8 +110,11 @@ class FakePipeline:
         store = self._redis.store
         for name, args in self._ops:
             if name == "zadd":
-                key, mapping = args
-                store.setdefault(key, {}).update(mapping)
+                key, mapping, *options = args
+                zset = store.setdefault(key, {})
+                if ("gt", True) in options:
+                    mapping = {m: s for m, s in mapping.items() if s > zset.get(m, float("-inf"))}
+                zset.update(mapping)
                 results.append(len(mapping))
             elif name == "zremrangebyscore":
                 key, _low, high = args

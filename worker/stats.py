@@ -11,6 +11,9 @@ Response times (``response_ms:{source}:{bucket}``, ``common.response_times``) ar
 in latency bins per two-second bucket, for the monitor's adaptive back-off: a key per
 bucket, its expiry set by the first outcome of the bucket this worker records.
 
+Every outcome also scores its source in ``active_sources`` with its time: the monitor
+re-reads only the sources recent there, so its work follows the sources being crawled.
+
 Trimming is per source and time, not per outcome: at most every
 STATS_TRIM_INTERVAL seconds a source's minute window is trimmed and its count
 windows' expiry renewed, in the same pipeline as its outcome. The breaker trims
@@ -27,7 +30,7 @@ from common.contracts import EVENT_STATS_REJECTED
 from common.contracts import (LAST_50_LENGTH, MINUTE_WINDOW_SECONDS, NUM_RESIZED, RESIZE_ERRORS,
                               STATUS_COUNT_WINDOWS, error_statuses_key, errors_key, last_50_key, one_minute_window_key,
                               resized_key, status_count_field, status_window_key)
-from common.contracts import response_times_key
+from common.contracts import ACTIVE_SOURCES, response_times_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_TTL_SECONDS, bin_of, bucket_start
@@ -46,8 +49,9 @@ class Stats:
         """Count an outcome; ``windows=False`` keeps it out of the breakers' windows (no request was made).
         ``ttfb``: the response's time to first byte in seconds; None when no response came."""
         pipe = self._redis.pipeline(transaction=False)
+        now = time.time()
+        pipe.zadd(ACTIVE_SOURCES, {source: now}, gt=True)  # the monitor then re-reads this source
         if windows:
-            now = time.time()
             self._response_time(pipe, source, status, ttfb, now)
             member = f"{status}:{os.urandom(6).hex()}"
             trim = now >= self._next_trim.get(source, 0.0)

@@ -1,0 +1,49 @@
+"""The sources with outcomes lately (``active_sources``), so per-second work skips the quiet ones.
+
+At 5,000 sources the monitor's event loop spent nearly all of each second reading
+every source ever seen (response buckets, breaker windows, counters) while a few
+hundred were being crawled; the buckets fell behind, expired, and the crawl stalled
+(issue 20). A source with no outcome since a reader last looked has nothing new for it:
+its windows only age, and its response buckets stay empty.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Container, Iterable
+
+from common.contracts import ACTIVE_SOURCES
+from common.protocols import AsyncRedis
+from common.redis_values import as_text
+from crawl_monitor.constants import (ACTIVE_SOURCES_FULL_READ_SECONDS, ACTIVE_SOURCES_KEPT_SECONDS,
+                                     ACTIVE_SOURCES_SLACK_SECONDS)
+
+
+async def active_since(redis: AsyncRedis, since: float) -> set[str]:
+    """Sources with an outcome at or after ``since`` (Unix time, as workers score them)."""
+    return {as_text(member) for member in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf")}
+
+
+async def forget_quiet(redis: AsyncRedis, now: float) -> None:
+    """Drop the sources quiet for a day: the set then holds the sources of a day's crawl."""
+    await redis.zremrangebyscore(ACTIVE_SOURCES, "-inf", f"({now - ACTIVE_SOURCES_KEPT_SECONDS}")
+
+
+class Rereads:
+    """Which sources a periodic reader reads again: those with an outcome since its last read,
+    those it has not read yet, and every source each ``ACTIVE_SOURCES_FULL_READ_SECONDS``, so
+    what changes without an outcome (an operator's override, a saved adaptive state) shows
+    within that time."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self._last_read = float("-inf")
+        self._next_full_read = float("-inf")
+
+    async def due(self, redis: AsyncRedis, sources: Iterable[str], read_before: Container[str]) -> set[str]:
+        now = self._clock()
+        since, self._last_read = self._last_read - ACTIVE_SOURCES_SLACK_SECONDS, now
+        if now >= self._next_full_read:
+            self._next_full_read = now + ACTIVE_SOURCES_FULL_READ_SECONDS
+            return set(sources)
+        active = await active_since(redis, since)
+        return {source for source in sources if source in active or source not in read_before}
