@@ -19,8 +19,8 @@ from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import active_since, forget_quiet
-from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BUCKET_TRIM_SECONDS, TEMP_HALT_ERROR_RATIO,
-                                     TEMP_HALT_MIN_SAMPLES, TEMP_HALT_WINDOW_SECONDS)
+from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BREAKER_FULL_PASS_SECONDS, BUCKET_TRIM_SECONDS,
+                                     TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES, TEMP_HALT_WINDOW_SECONDS)
 
 
 
@@ -54,6 +54,8 @@ class CircuitBreaker:
         self._redis = redis
         self._next_bucket_trim = 0.0
         self._judged_every_source = False
+        self._last_check = float("-inf")
+        self._next_full_pass = float("-inf")  # every source with an outcome in the last minute
         self._last_bucket_trim = float("-inf")  # the first trim looks at every source of the day
 
     async def check(self, now: float) -> None:
@@ -63,11 +65,17 @@ class CircuitBreaker:
         # A source without an outcome in the last minute has nothing new to judge: its window
         # only empties, which matters to a temporary halt alone (issue 20: 5,000 sources). The
         # first check judges every source: what happened while no monitor ran is judged too.
-        if self._judged_every_source:
-            since = now - contracts.MINUTE_WINDOW_SECONDS - ACTIVE_SOURCES_SLACK_SECONDS
-            recent = await active_since(self._redis, since)
-        else:
+        # Between two full passes, only the sources with outcomes since the last check: a window
+        # that merely ages (successes leaving it before errors) is judged within a pass's time.
+        if not self._judged_every_source:
             recent, self._judged_every_source = set(sets.inbound), True
+        else:
+            if now >= self._next_full_pass:
+                since, self._next_full_pass = now - contracts.MINUTE_WINDOW_SECONDS, now + BREAKER_FULL_PASS_SECONDS
+            else:
+                since = self._last_check
+            recent = await active_since(self._redis, since - ACTIVE_SOURCES_SLACK_SECONDS)
+        self._last_check = now
         sources = sorted(recent | set(temp_halted))
         if not sources:
             return

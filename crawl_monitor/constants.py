@@ -28,6 +28,7 @@ UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60
 
 # --- Circuit breaker (SPEC.md §3).
 BREAKER_CHECK_SECONDS = 1.0
+BREAKER_FULL_PASS_SECONDS = 10.0  # between these, a check reads only sources with new outcomes
 TEMP_HALT_ERROR_RATIO = 0.10        # strictly more than this halts
 TEMP_HALT_MIN_SAMPLES = 10          # fewer requests in the minute say too little to judge
 TEMP_HALT_WINDOW_SECONDS = 60

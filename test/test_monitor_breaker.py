@@ -8,6 +8,7 @@ import pytest
 
 from common import contracts
 from crawl_monitor.circuit_breaker import CircuitBreaker
+from crawl_monitor.constants import BREAKER_FULL_PASS_SECONDS
 from test.test_monitor_fakes import FakeAsyncRedis
 
 T0 = 1_800_000_000.0
@@ -158,3 +159,16 @@ async def test_after_the_first_check_only_sources_with_recent_outcomes_are_read(
     await breaker.check(T0 + 11)
     assert redis.store.smembers(contracts.HALTED) == {"example"}
     assert reads == [contracts.ACTIVE_SOURCES, contracts.one_minute_window_key("example")]
+
+
+async def test_a_window_that_only_ages_into_a_surge_is_judged_within_a_full_pass(redis) -> None:
+    """Successes leaving the minute before the errors do make a surge with no new outcome."""
+    breaker = CircuitBreaker(redis)
+    await breaker.check(T0)
+    record(redis, ["200"] * 100, at=T0 + 1)
+    record(redis, ["500"] * 11, at=T0 + 30)
+    await breaker.check(T0 + 31)
+    assert redis.store.smembers(contracts.TEMP_HALTED) == set()  # 11 of 111
+    for second in range(62, 62 + int(BREAKER_FULL_PASS_SECONDS) + 1):
+        await breaker.check(T0 + second)
+    assert redis.store.smembers(contracts.TEMP_HALTED) == {"example"}  # 11 of 11

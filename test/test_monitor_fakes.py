@@ -196,6 +196,19 @@ class FakeAsyncRedis:
     def pipeline(self, transaction: bool = True) -> AsyncPipeline:
         return AsyncPipeline(self.store)
 
+    def register_script(self, script: str):
+        """The regulator's one script (regulator.REFILL), run in Python on the same keys."""
+        from crawl_monitor.regulator import REFILL
+        assert script == REFILL, "FakeAsyncRedis knows only the regulator's refill"
+
+        async def refill(keys: list[str], args: list) -> int:
+            n = len(keys) // 2
+            for i in range(n):
+                self.store.set(keys[i], args[2 + i], px=int(args[0]))
+                self.store.set(keys[n + i], args[2 + n + i], ex=int(args[1]))
+            return n
+        return refill
+
     def __getattr__(self, name: str):
         command = getattr(self.store, name)
 

@@ -66,12 +66,16 @@ class Scheduler:
         self._latency: dict[str, float] = {}
         self._reserved: dict[str, int] = {}
         self._pending: dict[str, deque[Job]] = {}  # insertion order is the rotation order
-        self._inflight: dict[str, int] = defaultdict(int)
+        self._inflight: dict[str, int] = defaultdict(int)  # only sources with a task running
         self._total = 0
         self._tasks: set[asyncio.Task] = set()
         self._offsets: dict[TP, PartitionOffsets] = {}
         self._paused: set[TP] = set()
         self._assigned: dict[TP, str] = {}  # owned partition -> its source (parsed once)
+        self._partitions_of: dict[str, set[TP]] = defaultdict(set)  # the same, by source
+        # Sources whose queue or halt changed since the pauses were last updated: only their
+        # partitions are looked at (issue 20: 10,000 partitions a poll was most of a poll's time).
+        self._flow_changed: set[str] = set()
         self._next_refresh = 0.0
         self._next_subscribe = 0.0
         self._next_commit = 0.0
@@ -109,6 +113,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - Redis away (any client error): keep the last known state
             log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
             return
+        self._flow_changed |= self._halted ^ set(sets.stopped)
         self._halted = set(sets.stopped)
         self._tokens.halt(self._halted)
         # A rate or a source missing from Redis (restarted empty, say) keeps its last known
@@ -134,13 +139,18 @@ class Scheduler:
         for tp in revoked:
             # Another worker owns it now: forget its queue; running tasks finish uncommitted.
             source = self._assigned.pop(tp, None) or source_of_topic(tp[0])
+            self._partitions_of[source].discard(tp)
+            if not self._partitions_of[source]:
+                del self._partitions_of[source]
             self._paused.discard(tp)
             self._offsets.pop(tp, None)
             if source in self._pending:
                 kept = deque(job for job in self._pending[source] if job.tp != tp)
                 self._set_pending(source, kept)
         for tp in assigned:
-            self._assigned[tp] = source_of_topic(tp[0])
+            source = self._assigned[tp] = source_of_topic(tp[0])
+            self._partitions_of[source].add(tp)
+            self._flow_changed.add(source)
             self._paused.discard(tp)
         if assigned or revoked:
             log_event(EVENT_WORKER_PARTITIONS, assigned=len(assigned), revoked=len(revoked),
@@ -159,6 +169,7 @@ class Scheduler:
             return
         source = source_of_topic(record.topic)
         self._pending.setdefault(source, deque()).append(Job(tp, record.offset, request))
+        self._flow_changed.add(source)
 
     async def _reject(self, record: Record, error: str) -> float:
         message = rejected_message(record.topic, record.value, error)
@@ -167,10 +178,13 @@ class Scheduler:
 
     # --- concurrency ----------------------------------------------------------
     def _reallocate(self) -> None:
-        active = (set(self._pending) | {s for s, n in self._inflight.items() if n}) - self._halted
+        active = (set(self._pending) | set(self._inflight)) - self._halted
         needs = {s: self.rates.get(s, 0.0) * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM
                  for s in active}
-        self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
+        reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
+        self._flow_changed.update(s for s in reserved.keys() | self._reserved.keys()
+                                  if reserved.get(s) != self._reserved.get(s))
+        self._reserved = reserved
 
     def _dispatch(self) -> None:
         """Start what the slots allow, one task per source per round, sources in rotation.
@@ -191,7 +205,7 @@ class Scheduler:
             for source in candidates:
                 if self._total >= self._max_tasks:
                     return
-                running = inflight[source]
+                running = inflight.get(source, 0)
                 if source in self._halted:
                     continue
                 if running >= reserved.get(source, 0):  # beyond its reservation: the floor, shared
@@ -230,6 +244,7 @@ class Scheduler:
             # Halted while waiting for a token: give the slot back, keep the URL for later.
             if job.tp in self._offsets and source is not None:
                 self._pending.setdefault(source, deque()).appendleft(job)
+                self._flow_changed.add(source)
         except ShuttingDown:
             pass  # nothing sent: the message stays uncommitted for the next owner
         except Exception as exc:  # noqa: BLE001 - a bug: keep the offset unfinished rather than lose the URL
@@ -239,10 +254,13 @@ class Scheduler:
             self._tasks.discard(asyncio.current_task())
             if source is not None:
                 self._inflight[source] -= 1
+                if not self._inflight[source]:  # kept small: _dispatch sums over it at each task's end
+                    del self._inflight[source]
                 self._total -= 1
                 self._dispatch()
 
     def _set_pending(self, source: str, queue: deque[Job]) -> None:
+        self._flow_changed.add(source)
         if queue:
             self._pending[source] = queue
         else:
@@ -251,13 +269,15 @@ class Scheduler:
     # --- flow control and commits -----------------------------------------------
     async def _update_pauses(self) -> None:
         to_pause, to_resume = [], []
-        for tp, source in self._assigned.items():
+        changed, self._flow_changed = self._flow_changed, set()
+        for source in changed:
             high = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
             queued = len(self._pending.get(source, ()))
-            if tp not in self._paused and (source in self._halted or queued >= high):
-                to_pause.append(tp)
-            elif tp in self._paused and source not in self._halted and queued <= high // 2:
-                to_resume.append(tp)
+            for tp in self._partitions_of.get(source, ()):
+                if tp not in self._paused and (source in self._halted or queued >= high):
+                    to_pause.append(tp)
+                elif tp in self._paused and source not in self._halted and queued <= high // 2:
+                    to_resume.append(tp)
         await self._feed.pause(to_pause)
         await self._feed.resume(to_resume)
         self._paused.update(to_pause)
