@@ -8,9 +8,12 @@ stack; the URLs go to ``inbound_images`` as a pipeline would send them, so
 the splitter creates every ``urls.{source}`` topic. Printed, from the site's
 own arrival log and the processes' /proc:
 
+- distinct URLs requested, and requests repeated (an eager rebalance re-reads what
+  was in flight, so Redis's outcome counters alone could hide a URL never requested);
 - time to the first request and until every source had one, counted from the
   moment the last URL was acknowledged by the broker;
-- URLs with an outcome (Redis ``num_resized`` + ``resize_errors``) and when;
+- URLs with an outcome (Redis ``num_resized`` + ``resize_errors``), and when every
+  URL had been requested (the site counts distinct URLs) and counted;
 - the fast source's share of its limit over a 60 s window (10 s after its
   first request), and the share of the summed limits over the run;
 - CPU per process (a worker with its image pool) and the most Redis
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -63,16 +67,21 @@ def serve(port: int, log_path: str) -> None:
 
     out = io.BytesIO()
     Image.new("RGB", (64, 48), (90, 140, 200)).save(out, "JPEG", quality=85)
-    body, arrivals = out.getvalue(), []
+    body, arrivals, distinct = out.getvalue(), [], set()
 
     async def image(request: web.Request) -> web.Response:
-        arrivals.append((request.match_info["source"], time.time()))
+        arrivals.append((request.match_info["source"], time.time(), request.match_info["name"]))
+        distinct.add((request.match_info["source"], request.match_info["name"]))
         await asyncio.sleep(LATENCY)
         return web.Response(body=body, content_type="image/jpeg")
+
+    async def distinct_count(request: web.Request) -> web.Response:
+        return web.Response(text=str(len(distinct)))
 
     async def main() -> None:
         app = web.Application()
         app.router.add_get("/img/{source}/{name}", image)
+        app.router.add_get("/distinct", distinct_count)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
@@ -172,7 +181,10 @@ def run(args: argparse.Namespace) -> None:
             if cluster.died():
                 print(f"died: {[c.name for c in cluster.died()]}")
                 break
-            if outcomes >= total:
+            # Done when every URL was requested (the counters alone count a re-read URL twice).
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/distinct", timeout=10) as answer:
+                requested = int(answer.read())
+            if outcomes >= total and requested >= total:
                 done_at = time.time()
                 break
         cpu = {c.name: tree_cpu(c.pid) - cpu_start[c.name] for c in cluster.children}
@@ -186,7 +198,7 @@ def run(args: argparse.Namespace) -> None:
     arrivals = json.loads(Path(log_path).read_text())
     first: dict[str, float] = {}
     fast_times = []
-    for source, at in arrivals:
+    for source, at, _name in arrivals:
         first.setdefault(source, at)
         if source == FAST:
             fast_times.append(at)
@@ -197,8 +209,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"first request: {min(first.values()) - produced:.1f} s after the URLs were produced")
     print(f"sources with a request: {len(first)} of {len(plan)}"
           + (f"; all by {max(first.values()) - produced:.1f} s" if len(first) == len(plan) else ""))
-    print(f"URLs with an outcome: {outcomes} of {total}"
-          + (f" at {done_at - produced:.1f} s" if done_at else f" at the {args.deadline:.0f} s deadline"))
+    print(f"URLs with an outcome (counters, repeats included): {outcomes} of {total}"
+          + (f"; every URL requested and counted at {done_at - produced:.1f} s" if done_at
+             else f" at the {args.deadline:.0f} s deadline"))
     if fast_times:
         start = fast_times[0] + SHARE_WINDOW[0]
         window = SHARE_WINDOW[1] - SHARE_WINDOW[0]
@@ -206,9 +219,11 @@ def run(args: argparse.Namespace) -> None:
         print(f"fast source: {in_window / window:.1f} req/s in [{SHARE_WINDOW[0]:.0f}, {SHARE_WINDOW[1]:.0f}) s "
               f"after its first request = {in_window / window / FAST_RATE:.0%} of its limit")
     if arrivals:
-        span = max(at for _s, at in arrivals) - min(at for _s, at in arrivals)
+        span = max(at for _s, at, _n in arrivals) - min(at for _s, at, _n in arrivals)
         print(f"all requests: {len(arrivals)} over {span:.1f} s = {len(arrivals) / max(span, 1e-9):.0f} req/s "
               f"(summed limits {sum(rates.values()):.0f} req/s)")
+        distinct = len({(source, name) for source, _at, name in arrivals})
+        print(f"distinct URLs requested: {distinct} of {total}; requested twice or more: {len(arrivals) - distinct}")
     print("CPU, s (share of a core over the run):  " + ", ".join(
         f"{name} {seconds:.1f} ({seconds / elapsed:.0%})" for name, seconds in cpu.items()))
     print("most Redis connections held at once:  " + ", ".join(f"{n} {c}" for n, c in most.items()))

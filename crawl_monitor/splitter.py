@@ -167,6 +167,12 @@ class Splitter:
                     self._refused[topic] = f"Kafka refuses topic {topic}: {error.str()}"
                 else:
                     transient = transient or error
+            # Workers subscribe to the sources they see in inbound_sources: told now, they
+            # join the topics while the rest are created (issue 20: 5,000 new topics take
+            # seconds, and the first request waited for all of them).
+            created = [contracts.source_of_topic(topic) for topic in chunk if topic in self._ready_topics]
+            if created:
+                self._redis.sadd(contracts.INBOUND_SOURCES, *created)
             if transient is not None:
                 raise KafkaException(transient)  # the broker is away: retry the batch
         if any(topic in self._refused for topic, _, _ in plan.records):

@@ -118,8 +118,12 @@ DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is 
 LATENCY_SMOOTHING = 0.2       # weight of a new sample in the latency average
 ASSIGN_OFFSETS_TIMEOUT = 30.0  # seconds for the committed offsets of newly assigned partitions (worker/feed.py)
 CONSUMER_EXTRA_CONFIG = {
-    # New sources add topics to the subscription; cooperative rebalancing
-    # assigns their partitions without revoking (and re-delivering) the rest.
-    "partition.assignment.strategy": "cooperative-sticky",
+    # Round-robin, not cooperative-sticky: librdkafka's sticky assignor never finished an
+    # assignment of 20,000 partitions (5,000 sources x 4; librdkafka issue 4629), so the
+    # topics of sources that came later were never read (issue 20). Round-robin assigns
+    # 20,000 in a moment; the cost is an eager rebalance: each subscription change (new
+    # sources, at most once per SUBSCRIBE_INTERVAL) or member change revokes every
+    # partition, and URLs in flight or finished since the last commit are read again.
+    "partition.assignment.strategy": "roundrobin",
     "queued.max.messages.kbytes": 8192,
 }

@@ -50,7 +50,7 @@ class Feed(Protocol):
 
 
 def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
-    """Assign new partitions at their committed offsets, or at 0 where the group has none.
+    """Assign the partitions at their committed offsets, or at 0 where the group has none.
 
     Left to itself librdkafka asks the broker where an uncommitted partition begins
     with one ListOffsets request per partition: at 3,000 sources (12,000 new
@@ -71,7 +71,7 @@ def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
     for position in positions:
         if position.offset < 0:  # OFFSET_INVALID: nothing committed
             position.offset = 0
-    consumer.incremental_assign(positions)
+    consumer.assign(positions)
 
 
 class KafkaFeed:
