@@ -125,6 +125,9 @@ class Scheduler:
         # in would make one every refresh (issue 20).
         if not set(names) <= self._sources and (not self._sources or time.monotonic() >= self._next_subscribe):
             known = self._sources | set(names)
+            # The change revokes every partition (an eager rebalance): what finished is
+            # committed first, so only the URLs in flight are read again.
+            await self._commit()
             try:
                 await self._feed.subscribe([source_topic(s) for s in sorted(known)])
             except Exception as exc:  # noqa: BLE001 - e.g. a name Kafka rejects: retried at the next refresh
