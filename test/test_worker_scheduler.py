@@ -40,7 +40,7 @@ def make(feed, redis, handle, max_tasks=50, producer=None) -> Scheduler:
 
 async def take_token(tokens: TokenBuckets, source: str) -> None:
     """What the fetcher does around its host slot, without the slot."""
-    async with tokens.turns(source):
+    async with tokens.one_at_a_time(source):
         while True:
             await tokens.until_available(source)
             if await tokens.take(source):

@@ -69,10 +69,6 @@ STATS_TRIM_INTERVAL = 1.0
 # source's rate (a token every 1/rate s) within these bounds.
 TOKEN_POLL_MIN = 0.05
 TOKEN_POLL_MAX = 0.25
-# A source gets one waiting task per TURN_SECONDS of its rate's interval (100 req/s: 5),
-# at most MAX_TURNS: a fast source's token round trips overlap instead of queueing.
-TURN_SECONDS = 0.05
-MAX_TURNS = 8
 # The waiting sources' peeks share one MGET, at most one every this many seconds (a worker's
 # token reads per second do not grow with its sources).
 TOKEN_PEEK_INTERVAL = 0.01

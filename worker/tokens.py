@@ -8,10 +8,10 @@ site in a burst with later ones.
 So waiting is split in two: ``until_available`` peeks (no token spent)
 until the bucket has something, then ``take`` spends one inside the slot.
 
-Only one task per source waits at a time (``turns``; a few for a fast source),
-polling at an interval that follows the source's rate: hundreds of tasks of a
-slow source cost one peek every few hundred milliseconds, not hundreds; and the
-peeks of all sources go to Redis together, one MGET at a time.
+Only one task per source waits at a time (``one_at_a_time``), polling at an
+interval that follows the source's rate: hundreds of tasks of a slow source
+cost one peek every few hundred milliseconds, not hundreds; and the peeks of
+all sources go to Redis together, one MGET at a time.
 
 Requests are also spaced across the cluster: a bucket refilled once a
 second lets one second's tokens go at its end and the next second's at the
@@ -50,7 +50,6 @@ minute): many mean a worker short of CPU, whose sources get less than their rate
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Callable
@@ -59,8 +58,7 @@ from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import allowed_per_second, send_pace_key, sent_log_key, source_requests_key, tokens_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
-from worker.constants import (ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS, MAX_TURNS, PACE_CATCH_UP_SECONDS,
-                              SEND_LOG_MAX, TURN_SECONDS,
+from worker.constants import (ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS, PACE_CATCH_UP_SECONDS, SEND_LOG_MAX,
                               SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS, TOKEN_ANSWER_SMOOTHING,
                               TOKEN_PEEK_INTERVAL, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
 
@@ -145,7 +143,7 @@ class TokenBuckets:
         self._paced_decr = redis.register_script(PACED_DECR)
         self._rate_of = rate_of
         self._last_rate: dict[str, float] = {}
-        self._turns: dict[str, tuple[int, asyncio.Semaphore]] = {}  # source -> (size, its turns)
+        self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
         self._sleepers: set[asyncio.Future] = set()
         self._halted: set[str] = set()
@@ -159,19 +157,9 @@ class TokenBuckets:
         self._slowest_answer = 0.0
         self._forfeits_reported_at = float("-inf")
 
-    def turns(self, source: str) -> asyncio.Semaphore:
-        """Held while a task waits for its token, so a source has a few pollers at a time: one
-        below TURN_SECONDS^-1 req/s, more above (at most MAX_TURNS). A single turn serialised a
-        fast source's round trips to Redis: with its worker's event loop busy with thousands of
-        slow sources, 100 req/s got 18% of its limit (issue 20). The token script is atomic and
-        paces the cluster's sends, so more turns never send more than the limit."""
-        rate = self._pacing_rate(source) or 0.0
-        wanted = max(1, min(MAX_TURNS, math.ceil(rate * TURN_SECONDS)))
-        size, turns = self._turns.get(source, (0, None))
-        if turns is None or size != wanted:  # a changed rate: later tasks queue on the new one
-            turns = asyncio.Semaphore(wanted)
-            self._turns[source] = (wanted, turns)
-        return turns
+    def one_at_a_time(self, source: str) -> asyncio.Lock:
+        """Held while a task waits for its token, so a source has one poller at a time."""
+        return self._locks.setdefault(source, asyncio.Lock())
 
     async def until_available(self, source: str) -> float:
         """Wait until the bucket of ``source`` holds a token (without taking it); returns the seconds waited."""
