@@ -195,6 +195,11 @@ class AsyncConsumer:
     async def consume(self, num_messages: int, timeout: float) -> list[Message]:
         return await self.call(lambda c: c.consume(num_messages=num_messages, timeout=timeout))
 
+    async def commit_offsets(self, offsets: list) -> None:
+        """Synchronously commit explicit offsets (``TopicPartition`` with next offset)."""
+        if offsets:
+            await self.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
+
     async def close(self, leave_group: bool = True) -> None:
         """Leave the group (its partitions move to the others at once), or, with
         ``leave_group=False``, destroy the client without a LeaveGroup so the broker

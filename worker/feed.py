@@ -49,14 +49,8 @@ class Feed(Protocol):
     async def close(self) -> None: ...
 
 
-def start_from_commits(consumer: Consumer, parts: list[TopicPartition], known: dict[TP, int] | None = None) -> None:
+def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
     """Assign the partitions at their committed offsets, or at 0 where the group has none.
-
-    ``known`` holds, per partition this worker owned before, the offset it last committed
-    or was assigned at: never above the group's commit, so starting there can only read
-    again, never skip. Only the others are asked for: each subscription change revokes
-    and reassigns every partition (round-robin is eager), and asking for 10,000 offsets
-    took seconds each time while nothing was read (issue 20).
 
     Left to itself librdkafka asks the broker where an uncommitted partition begins
     with one ListOffsets request per partition: at 3,000 sources (12,000 new
@@ -69,18 +63,15 @@ def start_from_commits(consumer: Consumer, parts: list[TopicPartition], known: d
     """
     if not parts:
         return
-    known = known if known is not None else {}
-    unknown = [p for p in parts if (p.topic, p.partition) not in known]
     try:
-        asked = consumer.committed(unknown, timeout=ASSIGN_OFFSETS_TIMEOUT) if unknown else []
+        positions = consumer.committed(parts, timeout=ASSIGN_OFFSETS_TIMEOUT)
     except KafkaException as exc:
         log_event(EVENT_CONSUMER_ERROR, error=f"committed offsets unknown, librdkafka looks them up: {exc}")
         return
-    for position in asked:
+    for position in positions:
         if position.offset < 0:  # OFFSET_INVALID: nothing committed
             position.offset = 0
-        known[(position.topic, position.partition)] = position.offset
-    consumer.assign([TopicPartition(p.topic, p.partition, known[(p.topic, p.partition)]) for p in parts])
+    consumer.assign(positions)
 
 
 class KafkaFeed:
@@ -88,9 +79,6 @@ class KafkaFeed:
         self._consumer = consumer
         self._events: deque[tuple[str, list[TP]]] = deque()  # appended on the consumer thread
         self._subscribed = False
-        # Per partition ever owned: the offset last committed or assigned at (start_from_commits).
-        # Written on the consumer's thread only (assignments and commits both run there).
-        self._known: dict[TP, int] = {}
 
     async def subscribe(self, topics: list[str]) -> None:
         def note(kind: str):
@@ -98,7 +86,7 @@ class KafkaFeed:
 
         def assigned(consumer: Consumer, parts: list[TopicPartition]) -> None:
             note("assigned")(consumer, parts)
-            start_from_commits(consumer, parts, self._known)
+            start_from_commits(consumer, parts)
         await self._consumer.subscribe(topics, on_assign=assigned, on_revoke=note("revoked"),
                                        on_lost=note("revoked"))
         self._subscribed = True
@@ -135,11 +123,8 @@ class KafkaFeed:
 
     async def commit(self, positions: dict[TP, int]) -> bool:
         """Commit each partition's position (the next offset to read); False if the broker refused."""
-        def commit(consumer: Consumer) -> None:
-            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()], asynchronous=False)
-            self._known.update(positions)
         try:
-            await self._consumer.call(commit)
+            await self._consumer.commit_offsets([TopicPartition(t, p, o) for (t, p), o in positions.items()])
             return True
         except KafkaException as exc:  # a rebalance in progress: the next commit retries
             log_event(EVENT_COMMIT_FAILED, error=str(exc), partitions=len(positions))
