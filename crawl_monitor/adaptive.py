@@ -114,7 +114,7 @@ class Controller:
             if self.recent_ms is not None and (baseline is None or self.recent_ms < baseline):
                 self.baseline_ms, self.baseline_at = self.recent_ms, now
         if not enabled:
-            self.multiplier, self.slow_start = 1.0, False
+            self.switch_off()
             return OFF
         bins, overload, total = _merged(r for r in newest if r.start >= self.changed_at)
         baseline = self.baseline(now)
@@ -142,6 +142,10 @@ class Controller:
             self.changed_at = now
             return UP
         return HOLD
+
+    def switch_off(self) -> None:
+        """``adaptive_off:{source}``: the whole ceiling, and no slow start once switched back on."""
+        self.multiplier, self.slow_start = 1.0, False
 
     # --- kept in Redis (adaptive:{source}), so another monitor continues from here
     def saved(self, ceiling: float, enabled: bool) -> dict[str, str]:
@@ -224,6 +228,8 @@ class Adaptation:
             replies = await pipe.execute()
         switches, saved, buckets = replies[0], replies[1:1 + len(unrestored)], replies[1 + len(unrestored):]
         self.disabled = {s for s, value in zip(sources, switches, strict=True) if value is not None}
+        for source in self.disabled:  # judged or not this second
+            self.controllers[source].switch_off()
         for source, raw in zip(unrestored, saved, strict=True):
             if raw:
                 self.controllers[source] = Controller.restored(raw)
@@ -255,9 +261,7 @@ class Adaptation:
         async with self._redis.pipeline(transaction=False) as pipe:
             for source in changed:
                 key = contracts.adaptive_key(source)
-                enabled = source not in self.disabled
-                if not enabled:  # switched off: its ceiling at once, as the regulator grants it
-                    self.controllers[source].multiplier, self.controllers[source].slow_start = 1.0, False
-                pipe.hset(key, mapping=self.controllers[source].saved(self._ceilings[source], enabled))
+                pipe.hset(key, mapping=self.controllers[source].saved(self._ceilings[source],
+                                                                      source not in self.disabled))
                 pipe.expire(key, ADAPTIVE_STATE_TTL_SECONDS)
             await pipe.execute()

@@ -53,8 +53,7 @@ class CircuitBreaker:
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._next_bucket_trim = 0.0
-        self._judged_every_source = False
-        self._last_check = float("-inf")
+        self._last_check = float("-inf")  # none yet: the first check judges every source
         self._next_full_pass = float("-inf")  # every source with an outcome in the last minute
         self._last_bucket_trim = float("-inf")  # the first trim looks at every source of the day
 
@@ -67,8 +66,8 @@ class CircuitBreaker:
         # first check judges every source: what happened while no monitor ran is judged too.
         # Between two full passes, only the sources with outcomes since the last check: a window
         # that merely ages (successes leaving it before errors) is judged within a pass's time.
-        if not self._judged_every_source:
-            recent, self._judged_every_source = set(sets.inbound), True
+        if self._last_check == float("-inf"):
+            recent = set(sets.inbound)
         else:
             if now >= self._next_full_pass:
                 since, self._next_full_pass = now - contracts.MINUTE_WINDOW_SECONDS, now + BREAKER_FULL_PASS_SECONDS

@@ -54,6 +54,10 @@ async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, 
             for source, named in zip(sources, statuses, strict=True)}
 
 
+# SourceState's fields read from adaptive:{source}, under the same names there.
+_ADAPTIVE_FIELDS = ("ceiling", "effective_rate", "baseline_ms", "recent_ms")
+
+
 def _whole(number: float | None) -> int | None:
     return None if number is None else int(number)
 
@@ -86,17 +90,14 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
     states = {}
     for source, requests, successes, rate, override, tokens, off in zip(sources, *columns, strict=True):
         before = known.get(source, SourceState())
-        adaptive = adapted.get(source)
+        adaptive = adapted[source] if source in adapted else {name: getattr(before, name) for name in _ADAPTIVE_FIELDS}
         states[source] = SourceState(
             requests=count(requests), successes=count(successes),
             errors=errors.get(source, before.errors),
             rate_limit=finite_number(rate), override=finite_number(override),
             tokens=_whole(finite_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,
-            ceiling=adaptive.get("ceiling") if adaptive is not None else before.ceiling,
-            effective_rate=adaptive.get("effective_rate") if adaptive is not None else before.effective_rate,
-            baseline_ms=adaptive.get("baseline_ms") if adaptive is not None else before.baseline_ms,
-            recent_ms=adaptive.get("recent_ms") if adaptive is not None else before.recent_ms,
+            **{name: adaptive.get(name) for name in _ADAPTIVE_FIELDS},
             adaptive=off is None,
         )
     return states

@@ -202,16 +202,23 @@ async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
     assert (source_topic("a"), 0) not in feed.committed()
 
 
-async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
-    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
-    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_INTERVAL", 0.0)
+async def subscribed(monkeypatch, source: str, refresh: float, subscribe_interval: float):
+    """A scheduler over no messages, running until it has subscribed to ``source``, its only one."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", refresh)
+    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_INTERVAL", subscribe_interval)
     feed = FakeFeed([])
-    redis = await redis_with({"a": 1.0})
+    redis = await redis_with({source: 1.0})
     scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
     runner = asyncio.create_task(scheduler.run())
     async with asyncio.timeout(5):
         while not feed.subscriptions:
             await asyncio.sleep(0.01)
+    return feed, redis, scheduler, runner
+
+
+async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
+    feed, redis, scheduler, runner = await subscribed(monkeypatch, "a", refresh=0.05, subscribe_interval=0.0)
+    async with asyncio.timeout(5):
         await redis.sadd(INBOUND_SOURCES, "b")
         while len(feed.subscriptions) < 2:
             await asyncio.sleep(0.01)
@@ -229,15 +236,8 @@ async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
 
 async def test_sources_that_trickle_in_join_the_subscription_together(monkeypatch) -> None:
     """Issue 20: a subscription change per new source is a group rebalance per new source."""
-    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.02)
-    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_INTERVAL", 0.5)
-    feed = FakeFeed([])
-    redis = await redis_with({"s00": 1.0})
-    scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
-    runner = asyncio.create_task(scheduler.run())
+    feed, redis, scheduler, runner = await subscribed(monkeypatch, "s00", refresh=0.02, subscribe_interval=0.5)
     async with asyncio.timeout(5):
-        while not feed.subscriptions:
-            await asyncio.sleep(0.01)
         for n in range(1, 20):  # a new source every refresh or so, for ~0.8 s
             await redis.sadd(INBOUND_SOURCES, f"s{n:02d}")
             await asyncio.sleep(0.04)
