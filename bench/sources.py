@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> None:
         client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
         client.mset({override_rate_key(s): rate for s, rate in rates.items()})
         env = {**crawler_env(stack.environment(), folder / "sources.json", CRAWL_PER_HOST_CONNECTIONS="1000",
-                            KAFKA_PARTITIONS=str(args.partitions)),
+                            KAFKA_PARTITIONS=str(args.partitions), MAX_TASKS=str(args.max_tasks)),
                "PYTHONPATH": str(ROOT)}
         cluster = Cluster(env, folder)
         cluster.start(args.workers)
@@ -246,6 +246,8 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=1000, help="slow sources (0.5 req/s, 4 URLs each)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=4, help="KAFKA_PARTITIONS: of each urls.{source} topic")
+    parser.add_argument("--max-tasks", type=int, default=500,
+                        help="MAX_TASKS of each worker (the default setting: 500)")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds after the URLs are produced")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds between starting and producing")
     run(parser.parse_args())

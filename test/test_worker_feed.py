@@ -1,4 +1,5 @@
-"""The worker's Kafka feed on the real broker: new partitions start at the group's commits, or at 0."""
+"""The worker's Kafka feed on the real broker: new partitions start at the group's commits, or
+at 0, and each assignment says how long it took (worker_partitions)."""
 from __future__ import annotations
 
 import asyncio
@@ -28,11 +29,22 @@ async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kaf
     feed = KafkaFeed(consumer)
     await feed.subscribe([topic])
     read: list[tuple[int, int]] = []
+    timings: list[dict[str, float]] = []
     try:
         async with asyncio.timeout(60):
             while len(read) < 10:
                 batch = await feed.poll(100, 0.2)
                 read += [(record.partition, record.offset) for record in batch.records]
+                timings += [batch.rebalance] if batch.assigned else []
+            # A subscription change revokes everything first (the eager protocol), then assigns.
+            ensure_topics(kafka_hosts, [f"{topic}b"], 1)
+            await feed.subscribe([topic, f"{topic}b"])
+            while len(timings) < 2:
+                batch = await feed.poll(100, 0.2)
+                timings += [batch.rebalance] if batch.assigned else []
     finally:
         await consumer.close()
     assert sorted(read) == sorted([(p, n) for p in (0, 1, 3) for n in range(3)] + [(2, 2)])
+    first, second = timings
+    assert set(first) == {"offsets_seconds"} and first["offsets_seconds"] >= 0
+    assert second["since_revoked_seconds"] >= second["offsets_seconds"] >= 0

@@ -10,6 +10,7 @@ from common.contracts import (HALTED, INBOUND_SOURCES, REJECTED_TOPIC, TEMP_HALT
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker import scheduler as scheduler_module
 from worker.allocation import reserve
+from worker.constants import QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS
 from worker.feed import Record
 from worker.offsets import PartitionOffsets
 from worker.scheduler import Scheduler
@@ -65,6 +66,9 @@ def test_reservations_follow_need_and_leave_room_for_floors() -> None:
     crowded = reserve({"huge": 2000.0, **{f"s{i}": 0.1 for i in range(500)}}, capacity=100, floor=1)
     assert crowded == {"huge": 50}
     assert reserve({"a": 30.0, "b": 10.0}, capacity=22, floor=1) == {"a": 15, "b": 5}
+    # A source that needs no more than its floor runs on it: 3,000 sources at 0.5 req/s x 1 s
+    # x 2 once reserved a slot each and left the fast source one slot of its 20 (issue 20).
+    assert reserve({"fast": 20.0, **{f"s{i}": 1.0 for i in range(3000)}}, capacity=500, floor=1) == {"fast": 20}
 
 
 def test_commit_position_is_the_lowest_unfinished_offset() -> None:
@@ -122,6 +126,24 @@ async def test_fast_source_gets_slots_by_need_among_many_slow_ones() -> None:
     await run_until(scheduler, lambda: peak["fast"] >= 25 and len(peak) == 61)
     # Equal shares would give the fast source 50 / 61 = 0 or 1 slot.
     assert max(peak[s] for s in slow) == 1
+
+
+async def test_a_fast_source_queues_seconds_of_its_rate_before_its_partitions_pause() -> None:
+    # Pausing drops what the consumer prefetched, and a resumed partition waits for the next
+    # fetch: a queue of only twice its slots (98 here) ran dry between fetches (issue 20).
+    feed = FakeFeed(records("fast", 1000), batch_size=50)
+    release = asyncio.Event()
+
+    async def handle(request: CrawlRequest) -> float:
+        await release.wait()
+        return 0.2
+
+    scheduler = make(feed, await redis_with({"fast": 100.0}), handle, max_tasks=50)
+    await run_until(scheduler, lambda: (source_topic("fast"), 0) in feed.paused)
+    release.set()
+    taken = 1000 - len(feed.records)
+    assert taken >= 49 + int(100.0 * QUEUE_SECONDS)  # the running tasks and 5 s of URLs
+    assert taken <= 49 + QUEUE_MAX_PER_SOURCE
 
 
 async def test_halted_source_is_paused_and_not_crawled_until_resumed(monkeypatch) -> None:

@@ -2,8 +2,8 @@
 
 A source needs about rate x latency tasks in flight to use its tokens (100
 req/s at 0.2 s a request keeps 20 busy; headroom covers token bursts). That
-many slots are *reserved* for it. Sources that need less than one slot (a
-0.5 req/s site) run on *shared* slots, one task each at most, taken in
+many slots are *reserved* for it. Sources that need no more than the floor
+(a 0.5 req/s site) run on *shared* slots, one task each at most, taken in
 rotation, so no source starves however many there are. At least half the
 worker's capacity (or enough for every floor) stays shared, so one huge
 source cannot crowd out the rest either.
@@ -18,7 +18,7 @@ def reserve(needs: dict[str, float], capacity: int, floor: int) -> dict[str, int
     """Slots reserved per source (its need rounded down), scaled to leave room for the floors."""
     shared = min(floor * len(needs), capacity // 2)
     budget = capacity - shared
-    wanted = {source: int(need) for source, need in needs.items() if int(need) > 0}
+    wanted = {source: int(need) for source, need in needs.items() if int(need) > floor}
     total = sum(wanted.values())
     if total <= budget:
         return wanted

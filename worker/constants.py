@@ -114,6 +114,13 @@ SUBSCRIBE_INTERVAL = 10.0     # seconds between two subscription changes (each o
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
+# A source's partitions are paused once its queue here holds this many seconds of its rate (or
+# twice its slots, if more), and resumed at half. Pausing drops what librdkafka had prefetched
+# for them (librdkafka issue 5343), and a resumed partition waits for the next fetch, which
+# covers every partition the worker owns (10,000 at 5,000 sources, issue 20): the half left
+# must last that long. Two slots' worth was 40 URLs of a 100 req/s source, 0.4 s.
+QUEUE_SECONDS = 5.0
+QUEUE_MAX_PER_SOURCE = 5000   # URLs; an operator's override of thousands a second queues no more
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed
 LATENCY_SMOOTHING = 0.2       # weight of a new sample in the latency average
 ASSIGN_OFFSETS_TIMEOUT = 30.0  # seconds for the committed offsets of newly assigned partitions (worker/feed.py)

@@ -9,6 +9,7 @@ rebalance callbacks, which librdkafka runs on that thread inside
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,6 +37,9 @@ class Batch:
     records: list[Record] = field(default_factory=list)
     assigned: list[TP] = field(default_factory=list)
     revoked: list[TP] = field(default_factory=list)
+    # How long the last assignment took: since the revocation before it, and of that, fetching
+    # the committed offsets. Each rebalance stops the worker's reading (issue 20), so it is logged.
+    rebalance: dict[str, float] = field(default_factory=dict)
 
 
 class Feed(Protocol):
@@ -78,17 +82,28 @@ class KafkaFeed:
     def __init__(self, consumer: AsyncConsumer):
         self._consumer = consumer
         self._events: deque[tuple[str, list[TP]]] = deque()  # appended on the consumer thread
+        self._rebalance: dict[str, float] = {}  # written on the consumer thread, read after consume
+        self._revoked_at: float | None = None
         self._subscribed = False
 
     async def subscribe(self, topics: list[str]) -> None:
-        def note(kind: str):
-            return lambda _consumer, parts: self._events.append((kind, [(p.topic, p.partition) for p in parts]))
+        def note(kind: str, parts: list[TopicPartition]) -> None:
+            self._events.append((kind, [(p.topic, p.partition) for p in parts]))
+
+        def revoked(_consumer: Consumer, parts: list[TopicPartition]) -> None:
+            self._revoked_at = time.monotonic()
+            note("revoked", parts)
 
         def assigned(consumer: Consumer, parts: list[TopicPartition]) -> None:
-            note("assigned")(consumer, parts)
+            started = time.monotonic()
+            note("assigned", parts)
             start_from_commits(consumer, parts)
-        await self._consumer.subscribe(topics, on_assign=assigned, on_revoke=note("revoked"),
-                                       on_lost=note("revoked"))
+            done = time.monotonic()
+            self._rebalance = {"offsets_seconds": round(done - started, 2)}
+            if self._revoked_at is not None:
+                self._rebalance["since_revoked_seconds"] = round(done - self._revoked_at, 2)
+                self._revoked_at = None
+        await self._consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
         self._subscribed = True
 
     async def poll(self, max_records: int, timeout: float) -> Batch:
@@ -100,6 +115,8 @@ class KafkaFeed:
         while self._events:
             kind, parts = self._events.popleft()
             getattr(batch, kind).extend(parts)
+        if batch.assigned:
+            batch.rebalance, self._rebalance = self._rebalance, {}
         for message in messages:
             if message.error():
                 log_event(EVENT_CONSUMER_ERROR, error=str(message.error()), topic=message.topic())

@@ -4,9 +4,9 @@ One consumer reads every ``urls.{source}`` topic; messages wait in a
 per-source queue and start as tasks on the source's reserved slots (its
 need, rate x observed latency) or, one at a time, on the shared slots that
 are the floor of every source (``allocation.reserve``), within MAX_TASKS.
-A source whose queue is full, or that is halted (``halted``/``temp_halted``),
-has its partitions paused: its URLs stay in Kafka instead of piling up
-here. Sources are taken in rotation, so shared slots go round.
+A source whose queue is full (seconds of its rate), or that is halted
+(``halted``/``temp_halted``), has its partitions paused: its URLs stay in
+Kafka instead of piling up here. Sources are taken in rotation, so shared slots go round.
 
 Offsets are committed per partition up to the lowest unfinished message,
 and a task finishes only after its outcome is acknowledged, so a crash
@@ -32,7 +32,8 @@ from common.protocols import AsyncRedis, MessageProducer
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
-                              POLL_BATCH, POLL_TIMEOUT, REFRESH_INTERVAL, SUBSCRIBE_INTERVAL)
+                              POLL_BATCH, POLL_TIMEOUT, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
+                              REFRESH_INTERVAL, SUBSCRIBE_INTERVAL)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
@@ -88,7 +89,7 @@ class Scheduler:
             while not self._stopping.is_set():
                 await self._refresh_if_due()
                 batch = await self._feed.poll(POLL_BATCH, POLL_TIMEOUT)
-                self._rebalanced(batch.assigned, batch.revoked)
+                self._rebalanced(batch.assigned, batch.revoked, batch.rebalance)
                 for record in batch.records:
                     self._accept(record)
                 self._reallocate()
@@ -138,7 +139,7 @@ class Scheduler:
             log_event(EVENT_WORKER_SUBSCRIBED, sources=len(known))
 
     # --- partitions and messages ----------------------------------------------
-    def _rebalanced(self, assigned: list[TP], revoked: list[TP]) -> None:
+    def _rebalanced(self, assigned: list[TP], revoked: list[TP], timing: dict[str, float]) -> None:
         for tp in revoked:
             # Another worker owns it now: forget its queue; running tasks finish uncommitted.
             source = self._assigned.pop(tp, None) or source_of_topic(tp[0])
@@ -157,7 +158,7 @@ class Scheduler:
             self._paused.discard(tp)
         if assigned or revoked:
             log_event(EVENT_WORKER_PARTITIONS, assigned=len(assigned), revoked=len(revoked),
-                      now_owned=len(self._assigned))
+                      now_owned=len(self._assigned), **timing)
 
     def _accept(self, record: Record) -> None:
         tp = (record.topic, record.partition)
@@ -274,7 +275,7 @@ class Scheduler:
         to_pause, to_resume = [], []
         changed, self._flow_changed = self._flow_changed, set()
         for source in changed:
-            high = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
+            high = self._queue_limit(source)
             queued = len(self._pending.get(source, ()))
             for tp in self._partitions_of.get(source, ()):
                 if tp not in self._paused and (source in self._halted or queued >= high):
@@ -285,6 +286,12 @@ class Scheduler:
         await self._feed.resume(to_resume)
         self._paused.update(to_pause)
         self._paused.difference_update(to_resume)
+
+    def _queue_limit(self, source: str) -> int:
+        """URLs of ``source`` to hold here before its partitions are paused (constants.QUEUE_SECONDS)."""
+        by_slots = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
+        by_rate = int(self.rates.get(source, 0.0) * QUEUE_SECONDS)
+        return min(max(by_slots, by_rate), QUEUE_MAX_PER_SOURCE)
 
     async def _commit(self) -> None:
         self._next_commit = time.monotonic() + COMMIT_INTERVAL
