@@ -18,6 +18,7 @@ own arrival log and the processes' /proc:
   first request), and the share of the summed limits over the run;
 - CPU per process (a worker with its image pool) and the most Redis
   connections each process held at once (sampled every second);
+- requests a second over time, fast and slow, and new sources reached;
 - how long the monitor took to stop.
 """
 from __future__ import annotations
@@ -127,6 +128,22 @@ def connections_to(port: int, pids: dict[str, int]) -> dict[str, int]:
     return counts
 
 
+def print_timeline(arrivals: list, produced: float, step: float = 10.0) -> None:
+    """Requests a second per ``step`` s since the URLs were produced: where the stalls and ramps are."""
+    fast, slow, new, seen = {}, {}, {}, set()
+    for source, at, _name in sorted(arrivals, key=lambda arrival: arrival[1]):
+        slot = int((at - produced) // step)
+        counts = fast if source == FAST else slow
+        counts[slot] = counts.get(slot, 0) + 1
+        if source not in seen:
+            seen.add(source)
+            new[slot] = new.get(slot, 0) + 1
+    print(f"per second, {step:.0f} s at a time: fast source / slow sources / sources with their first request")
+    for slot in range(max(fast.keys() | slow.keys()) + 1):
+        print(f"  {slot * step:5.0f} s  {fast.get(slot, 0) / step:6.1f}  {slow.get(slot, 0) / step:6.1f}"
+              f"  {new.get(slot, 0) / step:6.1f}")
+
+
 def produce(kafka_hosts: str, port: int, plan: dict[str, int]) -> int:
     """Every URL to inbound_images, sources interleaved (a source's n-th URL after every source's n-1-th)."""
     producer = Producer(producer_config(kafka_hosts, **{"linger.ms": 50}))
@@ -219,6 +236,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"fast source: {in_window / window:.1f} req/s in [{SHARE_WINDOW[0]:.0f}, {SHARE_WINDOW[1]:.0f}) s "
               f"after its first request = {in_window / window / FAST_RATE:.0%} of its limit")
     if arrivals:
+        print_timeline(arrivals, produced)
         span = max(at for _s, at, _n in arrivals) - min(at for _s, at, _n in arrivals)
         print(f"all requests: {len(arrivals)} over {span:.1f} s = {len(arrivals) / max(span, 1e-9):.0f} req/s "
               f"(summed limits {sum(rates.values()):.0f} req/s)")

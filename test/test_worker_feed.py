@@ -48,3 +48,36 @@ async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kaf
     first, second = timings
     assert set(first) == {"offsets_seconds"} and first["offsets_seconds"] >= 0
     assert second["since_revoked_seconds"] >= second["offsets_seconds"] >= 0
+
+
+async def test_a_partition_paused_at_a_rebalance_is_read_again_from_its_commit(kafka_hosts: str, unique: str) -> None:
+    # librdkafka keeps a partition's pause across a revoke and re-assignment; the scheduler
+    # starts every assigned partition unpaused, so a source paused at that moment was never
+    # read again (issue 20). What it had read but not finished comes again from the commit.
+    topic, group = f"urls.paused{unique}", f"paused-{unique}"
+    ensure_topics(kafka_hosts, [topic, f"{topic}b"], 2)
+    producer = Producer(producer_config(kafka_hosts))
+    for partition in range(2):
+        for n in range(4):
+            producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+    consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
+    feed = KafkaFeed(consumer)
+    await feed.subscribe([topic])
+    before: list[tuple[int, int]] = []
+    after: list[tuple[int, int]] = []
+    try:
+        async with asyncio.timeout(60):
+            while len(before) < 8:
+                batch = await feed.poll(100, 0.2)
+                before += [(record.partition, record.offset) for record in batch.records]
+            assert await feed.commit({(topic, 0): 1, (topic, 1): 3})  # the rest was unfinished
+            await feed.pause([(topic, 0), (topic, 1)])
+            await feed.subscribe([topic, f"{topic}b"])  # an eager rebalance: revoked, then assigned again
+            while len(after) < 4:
+                batch = await feed.poll(100, 0.2)
+                after += [(record.partition, record.offset) for record in batch.records if record.topic == topic]
+    finally:
+        await consumer.close()
+    assert sorted(after) == [(0, 1), (0, 2), (0, 3), (1, 3)]

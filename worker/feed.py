@@ -97,6 +97,11 @@ class KafkaFeed:
         def assigned(consumer: Consumer, parts: list[TopicPartition]) -> None:
             started = time.monotonic()
             note("assigned", parts)
+            # A partition paused when it was revoked comes back paused (librdkafka keeps the
+            # flag; confluent-kafka-go issue 193), while the scheduler starts every assigned
+            # partition unpaused: a source paused at a rebalance was never read again (issue 20).
+            # Resumed before the assignment, so that its start offset is the newer operation.
+            consumer.resume(parts)
             start_from_commits(consumer, parts)
             done = time.monotonic()
             self._rebalance = {"offsets_seconds": round(done - started, 2)}
