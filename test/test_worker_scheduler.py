@@ -224,10 +224,11 @@ async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
     assert (source_topic("a"), 0) not in feed.committed()
 
 
-async def subscribed(monkeypatch, source: str, refresh: float, subscribe_interval: float):
+async def subscribed(monkeypatch, source: str, refresh: float, subscribe_interval: float, settle: float = 0.0):
     """A scheduler over no messages, running until it has subscribed to ``source``, its only one."""
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", refresh)
     monkeypatch.setattr(scheduler_module, "SUBSCRIBE_INTERVAL", subscribe_interval)
+    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_SETTLE", settle)
     feed = FakeFeed([])
     redis = await redis_with({source: 1.0})
     scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
@@ -269,6 +270,21 @@ async def test_sources_that_trickle_in_join_the_subscription_together(monkeypatc
     await runner
     assert feed.subscriptions[0] == [source_topic("s00")]  # the first at once
     assert len(feed.subscriptions) <= 4  # then at most one change per 0.5 s, not 19
+
+
+async def test_sources_announced_in_a_burst_join_once_it_has_settled(monkeypatch) -> None:
+    """The splitter announces thousands of new topics 500 at a time: one change, not one per chunk."""
+    feed, redis, scheduler, runner = await subscribed(monkeypatch, "s00", refresh=0.02, subscribe_interval=0.0,
+                                                      settle=0.3)
+    async with asyncio.timeout(5):
+        for n in range(1, 20):  # a chunk of new sources every 0.05 s, for ~1 s
+            await redis.sadd(INBOUND_SOURCES, f"s{n:02d}")
+            await asyncio.sleep(0.05)
+        while len(feed.subscriptions[-1]) < 20:
+            await asyncio.sleep(0.01)
+    scheduler.stop()
+    await runner
+    assert feed.subscriptions == [[source_topic("s00")], [source_topic(f"s{n:02d}") for n in range(20)]]
 
 
 async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their_urls(monkeypatch) -> None:

@@ -111,6 +111,11 @@ POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages
 REFRESH_INTERVAL = 2.0        # seconds between reads of sources, halts and rates
 IDLE_REFRESH_INTERVAL = 0.25  # the same while no source is known: a fresh crawl starts sooner
 SUBSCRIBE_INTERVAL = 10.0     # seconds between two subscription changes (each one rebalances the group)
+# New sources join once no other has appeared for SUBSCRIBE_SETTLE s (the splitter announces
+# 5,000 new topics 500 at a time), or SUBSCRIBE_MAX_WAIT s after the first of them: at 20,000
+# partitions a rebalance took 8-57 s on tansu, and a change made during one restarted it.
+SUBSCRIBE_SETTLE = 4.0
+SUBSCRIBE_MAX_WAIT = 30.0
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom

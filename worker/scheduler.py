@@ -33,7 +33,7 @@ from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
                               POLL_BATCH, POLL_TIMEOUT, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
-                              REFRESH_INTERVAL, SUBSCRIBE_INTERVAL)
+                              REFRESH_INTERVAL, SUBSCRIBE_INTERVAL, SUBSCRIBE_MAX_WAIT, SUBSCRIBE_SETTLE)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
@@ -79,6 +79,9 @@ class Scheduler:
         self._flow_changed: set[str] = set()
         self._next_refresh = 0.0
         self._next_subscribe = 0.0
+        self._unsubscribed = 0          # sources seen but not yet subscribed to
+        self._first_unsubscribed = 0.0  # monotonic time the first of them was seen
+        self._last_unsubscribed = 0.0   # ... and the latest
         self._next_commit = 0.0
 
     def stop(self) -> None:
@@ -121,10 +124,7 @@ class Scheduler:
         # value: forgetting the rate would stop the pacing, forgetting the source its topic.
         parsed = {source: _as_rate(raw) for source, raw in zip(names, rates, strict=True)}
         self.rates.update({source: rate for source, rate in parsed.items() if rate is not None})
-        # New sources join the subscription together, at most once per SUBSCRIBE_INTERVAL once
-        # there is one: each change is a rebalance of the whole group, and sources that trickle
-        # in would make one every refresh (issue 20).
-        if not set(names) <= self._sources and (not self._sources or time.monotonic() >= self._next_subscribe):
+        if self._subscription_due(set(names)):
             known = self._sources | set(names)
             # The change revokes every partition (an eager rebalance): what finished is
             # committed first, so only the URLs in flight are read again.
@@ -136,7 +136,31 @@ class Scheduler:
                 return
             self._sources = known
             self._next_subscribe = time.monotonic() + SUBSCRIBE_INTERVAL
+            self._unsubscribed = 0
             log_event(EVENT_WORKER_SUBSCRIBED, sources=len(known))
+
+    def _subscription_due(self, names: set[str]) -> bool:
+        """Whether to subscribe to the new sources among ``names`` now.
+
+        The first sources at once; then new ones together, once none has appeared for
+        SUBSCRIBE_SETTLE (or SUBSCRIBE_MAX_WAIT after the first), and at most once per
+        SUBSCRIBE_INTERVAL: each change is a rebalance of the whole group, and sources that
+        trickle in would make one every refresh (issue 20).
+        """
+        new = len(names - self._sources)
+        now = time.monotonic()
+        if not new:
+            self._unsubscribed = 0
+            return False
+        if not self._sources:
+            return True
+        if not self._unsubscribed:
+            self._first_unsubscribed = now
+        if new != self._unsubscribed:
+            self._unsubscribed, self._last_unsubscribed = new, now
+        settled = (now - self._last_unsubscribed >= SUBSCRIBE_SETTLE
+                   or now - self._first_unsubscribed >= SUBSCRIBE_MAX_WAIT)
+        return settled and now >= self._next_subscribe
 
     # --- partitions and messages ----------------------------------------------
     def _rebalanced(self, assigned: list[TP], revoked: list[TP], timing: dict[str, float]) -> None:
