@@ -139,8 +139,8 @@ async def test_a_fast_source_queues_seconds_of_its_rate_before_its_partitions_pa
         return 0.2
 
     scheduler = make(feed, await redis_with({"fast": 100.0}), handle, max_tasks=50)
-    await run_until(scheduler, lambda: (source_topic("fast"), 0) in feed.paused)
-    release.set()
+    # Released before the stop, or the stop would wait out its shutdown timeout for the tasks.
+    await run_until(scheduler, lambda: (source_topic("fast"), 0) in feed.paused and not release.set())
     taken = 1000 - len(feed.records)
     assert taken >= 49 + int(100.0 * QUEUE_SECONDS)  # the running tasks and 5 s of URLs
     assert taken <= 49 + QUEUE_MAX_PER_SOURCE

@@ -101,7 +101,10 @@ class KafkaFeed:
             # flag; confluent-kafka-go issue 193), while the scheduler starts every assigned
             # partition unpaused: a source paused at a rebalance was never read again (issue 20).
             # Resumed before the assignment, so that its start offset is the newer operation.
-            consumer.resume(parts)
+            try:
+                consumer.resume(parts)
+            except KafkaException as exc:  # logged, not raised: the assignment must still happen
+                log_event(EVENT_CONSUMER_FLOW_FAILED, action="resume", error=str(exc))
             start_from_commits(consumer, parts)
             done = time.monotonic()
             self._rebalance = {"offsets_seconds": round(done - started, 2)}

@@ -6,7 +6,8 @@ need, rate x observed latency) or, one at a time, on the shared slots that
 are the floor of every source (``allocation.reserve``), within MAX_TASKS.
 A source whose queue is full (seconds of its rate), or that is halted
 (``halted``/``temp_halted``), has its partitions paused: its URLs stay in
-Kafka instead of piling up here. Sources are taken in rotation, so shared slots go round.
+Kafka instead of piling up here. Sources are taken in rotation, so shared
+slots go round.
 
 Offsets are committed per partition up to the lowest unfinished message,
 and a task finishes only after its outcome is acknowledged, so a crash
