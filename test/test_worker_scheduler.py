@@ -239,6 +239,17 @@ async def subscribed(monkeypatch, source: str, refresh: float, subscribe_interva
     return feed, redis, scheduler, runner
 
 
+async def announce_s01_to_s19(redis: FakeRedis, feed: FakeFeed, every: float) -> None:
+    """Sources s01..s19 join inbound_sources one by one, ``every`` s apart; returns once the
+    subscription holds all of them (and s00)."""
+    async with asyncio.timeout(5):
+        for n in range(1, 20):
+            await redis.sadd(INBOUND_SOURCES, f"s{n:02d}")
+            await asyncio.sleep(every)
+        while len(feed.subscriptions[-1]) < 20:
+            await asyncio.sleep(0.01)
+
+
 async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
     feed, redis, scheduler, runner = await subscribed(monkeypatch, "a", refresh=0.05, subscribe_interval=0.0)
     async with asyncio.timeout(5):
@@ -260,12 +271,7 @@ async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
 async def test_sources_that_trickle_in_join_the_subscription_together(monkeypatch) -> None:
     """Issue 20: a subscription change per new source is a group rebalance per new source."""
     feed, redis, scheduler, runner = await subscribed(monkeypatch, "s00", refresh=0.02, subscribe_interval=0.5)
-    async with asyncio.timeout(5):
-        for n in range(1, 20):  # a new source every refresh or so, for ~0.8 s
-            await redis.sadd(INBOUND_SOURCES, f"s{n:02d}")
-            await asyncio.sleep(0.04)
-        while len(feed.subscriptions[-1]) < 20:
-            await asyncio.sleep(0.01)
+    await announce_s01_to_s19(redis, feed, every=0.04)  # a new source every refresh or so, for ~0.8 s
     scheduler.stop()
     await runner
     assert feed.subscriptions[0] == [source_topic("s00")]  # the first at once
@@ -276,12 +282,7 @@ async def test_sources_announced_in_a_burst_join_once_it_has_settled(monkeypatch
     """The splitter announces thousands of new topics 500 at a time: one change, not one per chunk."""
     feed, redis, scheduler, runner = await subscribed(monkeypatch, "s00", refresh=0.02, subscribe_interval=0.0,
                                                       settle=0.3)
-    async with asyncio.timeout(5):
-        for n in range(1, 20):  # a chunk of new sources every 0.05 s, for ~1 s
-            await redis.sadd(INBOUND_SOURCES, f"s{n:02d}")
-            await asyncio.sleep(0.05)
-        while len(feed.subscriptions[-1]) < 20:
-            await asyncio.sleep(0.01)
+    await announce_s01_to_s19(redis, feed, every=0.05)  # a chunk of new sources every 0.05 s, for ~1 s
     scheduler.stop()
     await runner
     assert feed.subscriptions == [[source_topic("s00")], [source_topic(f"s{n:02d}") for n in range(20)]]

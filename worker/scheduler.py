@@ -125,8 +125,9 @@ class Scheduler:
         # value: forgetting the rate would stop the pacing, forgetting the source its topic.
         parsed = {source: _as_rate(raw) for source, raw in zip(names, rates, strict=True)}
         self.rates.update({source: rate for source, rate in parsed.items() if rate is not None})
-        if self._subscription_due(set(names)):
-            known = self._sources | set(names)
+        named = set(names)
+        if self._subscription_due(named):
+            known = self._sources | named
             # The change revokes every partition (an eager rebalance): what finished is
             # committed first, so only the URLs in flight are read again.
             await self._commit()
