@@ -33,12 +33,12 @@ from confluent_kafka import Producer
 
 from bench.site_process import serve_until_stopped
 from bench.cpu import stat_cpu
-from common.contracts import INBOUND_SOURCES, override_rate_key, source_topic
+from common.contracts import INBOUND_SOURCES, URLS_TOPIC, override_rate_key
 from common.kafka import ensure_topics, produce_waiting, producer_config
 from crawl_monitor.regulator import Regulator
 from common.contracts import allowed_per_second
 from demo.simweb import busiest_second
-from devstack.servers import free_port
+from devstack.servers import DEV_URL_PARTITIONS, free_port
 from devstack.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def load(kafka_hosts: str, ports: dict[str, int], seconds: float) -> int:
         for n in range(count):
             value = json.dumps({"url": f"http://127.0.0.1:{ports[source]}/img/{n}.jpg",
                                 "uuid": str(uuid.uuid4()), "source": source}).encode()
-            produce_waiting(producer, source_topic(source), value)
+            produce_waiting(producer, URLS_TOPIC, value, source)
             total += 1
     assert producer.flush(120) == 0
     return total
@@ -153,7 +153,7 @@ async def run(args: argparse.Namespace) -> None:
         for source, rate in sources.items():
             await redis.set(override_rate_key(source), rate)
         await redis.aclose()
-        ensure_topics(stack.kafka_hosts, [source_topic(s) for s in sources], 4)
+        ensure_topics(stack.kafka_hosts, [URLS_TOPIC], DEV_URL_PARTITIONS)
         messages = load(stack.kafka_hosts, ports, args.seconds)
         stop = asyncio.Event()
         regulator = asyncio.create_task(regulate(stack.redis_url, stop))

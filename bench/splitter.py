@@ -42,8 +42,8 @@ def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
     sources = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     with LocalStack() as addresses:
-        settings = Settings(redis_url=addresses.redis_url, kafka_hosts=addresses.kafka_hosts, kafka_partitions=4)
-        ensure_topics(settings.kafka_hosts, [contracts.INBOUND_TOPIC], settings.kafka_partitions)
+        settings = Settings(redis_url=addresses.redis_url, kafka_hosts=addresses.kafka_hosts)
+        ensure_topics(settings.kafka_hosts, [contracts.INBOUND_TOPIC], 4)
         load_rate = load(settings.kafka_hosts, count, sources)
         load_before = os.getloadavg()[0]
         split = splitter.connect(settings)
