@@ -23,13 +23,15 @@ locals {
   # deliberately absent: the SDK finds the instance profile by itself.
   plain_environment = merge(
     {
-      REDIS_URL          = var.redis_url
-      KAFKA_HOSTS        = var.kafka_hosts
-      S3_BUCKET          = var.s3_bucket
-      AWS_DEFAULT_REGION = data.aws_region.current.name
-      KAFKA_PARTITIONS   = tostring(var.kafka_partitions)
-      MAX_TASKS          = tostring(var.max_tasks)
-      MONITOR_PORT       = tostring(var.monitor_port)
+      REDIS_URL           = var.redis_url
+      KAFKA_HOSTS         = var.kafka_hosts
+      S3_BUCKET           = var.s3_bucket
+      AWS_DEFAULT_REGION  = data.aws_region.current.name
+      KAFKA_PARTITIONS    = tostring(var.kafka_partitions)
+      MAX_TASKS           = tostring(var.max_tasks)
+      MONITOR_PORT        = tostring(var.monitor_port)
+      # Read by the workers only (the monitor serves /metrics on MONITOR_PORT).
+      WORKER_METRICS_PORT = tostring(var.worker_metrics_port)
     },
     # Unset optional inputs keep the crawler's own defaults.
     { for k, v in { SOURCES_URL = var.sources_url, CRAWL_USER_AGENT = var.crawl_user_agent } : k => v if v != null },
@@ -39,7 +41,7 @@ locals {
 
   containers = {
     monitor = { image = "${var.image_registry}/image-crawler-monitor:${var.image_tag}", ports = "-p ${var.monitor_port}:${var.monitor_port}" }
-    worker  = { image = "${var.image_registry}/image-crawler-worker:${var.image_tag}", ports = "" }
+    worker  = { image = "${var.image_registry}/image-crawler-worker:${var.image_tag}", ports = "-p ${var.worker_metrics_port}:${var.worker_metrics_port}" }
   }
   user_data = {
     for role, c in local.containers : role => templatefile("${path.module}/user_data.sh.tftpl", {
@@ -203,9 +205,20 @@ resource "aws_security_group" "monitor" {
 
 resource "aws_security_group" "worker" {
   name        = "${var.name}-worker"
-  description = "Image crawler workers: no ingress at all"
+  description = "Image crawler workers: their metrics for operators only"
   vpc_id      = var.vpc_id
   tags        = var.tags
+
+  dynamic "ingress" {
+    for_each = length(var.operator_cidr_blocks) > 0 ? [1] : []
+    content {
+      description = "Prometheus /metrics of the worker"
+      from_port   = var.worker_metrics_port
+      to_port     = var.worker_metrics_port
+      protocol    = "tcp"
+      cidr_blocks = var.operator_cidr_blocks
+    }
+  }
 
   #checkov:skip=CKV_AWS_382:by design: a crawler fetches images from any website, on any port a URL names
   egress {
