@@ -3,15 +3,21 @@ server's own thread, and content to Prometheus's linter."""
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker import metrics
 from worker.metrics import REGISTRY, MetricsServer, SchedulerLoad
-from test.promtool import check_metrics
+from test.promtool import check_metrics, check_rules
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def value(name: str, **labels: str) -> float:
@@ -97,3 +103,42 @@ def test_a_port_already_taken_stops_the_worker_with_one_line() -> None:
             MetricsServer(server.port, host="127.0.0.1")
     finally:
         server.close()
+
+
+def served_names() -> set[str]:
+    """Every crawler_* metric name the worker and the monitor serve, as scraped."""
+    from crawl_monitor.http_api import render_metrics
+    from crawl_monitor.source_state import SourceState
+    state = SourceState(requests=1, rate_limit=2.0, override=3.0, tokens=1, ceiling=3.0, baseline_ms=100.0,
+                        recent_ms=120.0, errors={"500": 1})
+    texts = [render_metrics({"s": state}).decode(), generate_latest(REGISTRY).decode()]
+    return {family.name + ("_total" if family.type == "counter" else "")
+            for text in texts for family in text_string_to_metric_families(text)
+            if family.name.startswith("crawler_")}
+
+
+def test_the_readme_table_and_spec_name_every_metric_served_and_no_other() -> None:
+    served = served_names()
+    readme = (ROOT / "README.md").read_text()
+    table = {name for line in readme.splitlines() if line.startswith("| `crawler_")
+             for name in re.findall(r"`(crawler_\w+)`", line.split(" | ")[0])}
+    spec = (ROOT / "SPEC.md").read_text().split("## 6.")[1].split("Removed")[0]
+    in_spec = set(re.findall(r"`(crawler_\w+)`", spec))
+    assert table == served, (sorted(served - table), sorted(table - served))
+    assert in_spec == served, (sorted(served - in_spec), sorted(in_spec - served))
+
+
+def test_the_readme_queries_are_promql_that_promtool_accepts(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    queries = [re.sub(r"^#.*\n", "", block, flags=re.MULTILINE).strip()
+               for block in re.findall(r"```promql\n(.*?)```", readme, re.DOTALL)]
+    assert len(queries) == 3
+    served = served_names()
+    for query in queries:
+        used = set(re.findall(r"\bcrawler_\w+", query))
+        assert used and used <= served, used - served
+    rules = {"groups": [{"name": "readme", "rules": [{"record": f"readme:query{n}", "expr": query}
+                                                      for n, query in enumerate(queries)]}]}
+    path = tmp_path / "readme_rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    check_rules(path)

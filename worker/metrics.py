@@ -21,13 +21,17 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics,
+                               start_http_server)
 from redis.exceptions import RedisError
 
 from common.contracts import EVENT_WORKER_METRICS_STARTED
 from common.jsonlog import log_event
 from worker.constants import DOWNLOAD_BUCKETS, FIRST_BYTE_BUCKETS, METRICS_SAMPLE_SECONDS
 
+# No ``*_created`` series beside each counter and histogram: they double the series for a
+# start time that process_start_time_seconds already gives.
+disable_created_metrics()
 REGISTRY = CollectorRegistry()
 # The worker process's own CPU and memory (process_cpu_seconds_total, process_resident_memory_bytes, ...).
 ProcessCollector(registry=REGISTRY)
