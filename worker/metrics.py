@@ -25,7 +25,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Pro
                                start_http_server)
 from redis.exceptions import RedisError
 
-from common.contracts import EVENT_WORKER_METRICS_STARTED
+from common.contracts import EVENT_WORKER_METRICS_STARTED, LINK_ROT_TOPIC
 from common.jsonlog import log_event
 from worker.constants import DOWNLOAD_BUCKETS, FIRST_BYTE_BUCKETS, METRICS_SAMPLE_SECONDS
 
@@ -37,7 +37,8 @@ REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
 
 # Label values, each series created at 0 so that rate() and absent() work from the start.
-OUTCOME_KINDS = ("success", "link_rot", "crawl_error", "retry", "robots_wait", "rejected")
+# Link rot is named as its topic is.
+OUTCOME_KINDS = ("success", LINK_ROT_TOPIC, "crawl_error", "retry", "robots_wait", "rejected")
 SUCCESS, LINK_ROT, CRAWL_ERROR, RETRY, ROBOTS_WAIT, REJECTED = OUTCOME_KINDS
 SLOT_CLASSES = ("reserved", "shared")  # worker.allocation: slots reserved by need, and the shared floor
 RESERVED, SHARED = SLOT_CLASSES
