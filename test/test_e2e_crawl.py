@@ -147,6 +147,7 @@ def assert_metrics_mid_crawl(cluster) -> None:
     """Both /metrics endpoints as Prometheus scrapes them mid-crawl: promtool has no warning,
     the monitor has each source's limit and granted rate, and a worker shows its tasks,
     partitions, rebalance and downloads."""
+    started = time.monotonic()
     ports = {child.name: child.logged(event, 30)["port"]  # each on a free port of its own
              for child, event in ((cluster.children[0], EVENT_HTTP_API_STARTED),
                                   (cluster.children[1], EVENT_WORKER_METRICS_STARTED))}
@@ -163,7 +164,8 @@ def assert_metrics_mid_crawl(cluster) -> None:
                 samples[sample.name] = samples.get(sample.name, 0.0) + sample.value  # summed over labels
     print(f"\n[e2e] worker-1 mid-crawl: {samples['crawler_worker_tasks_in_flight']:.0f} tasks in flight, "
           f"{samples['crawler_worker_tasks_waiting']:.0f} waiting, {samples['crawler_worker_partitions']:.0f} "
-          f"partitions, {samples['crawler_worker_download_seconds_count']:.0f} downloads")
+          f"partitions, {samples['crawler_worker_download_seconds_count']:.0f} downloads; both endpoints "
+          f"scraped and linted in {time.monotonic() - started:.2f} s")
     assert samples["crawler_worker_tasks_in_flight"] + samples["crawler_worker_tasks_waiting"] > 0
     assert samples["crawler_worker_slots"] == SETTINGS.max_tasks
     assert samples["crawler_worker_partitions"] > 0 and samples["crawler_worker_rebalances_total"] >= 1
