@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from common.contracts import (REJECTED_TOPIC, ROBOTS_WAIT_TOPICS, InvalidMessage, parse_crawl_request,
                               rejected_message, source_topic)
 from common.protocols import MessageProducer
+from worker import metrics
 from worker.constants import POLL_BATCH, ROBOTS_WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
 from worker.robots_wait import wait_message, wait_times
@@ -71,6 +72,7 @@ class RobotsWaitLine:
         except InvalidMessage as exc:
             message = rejected_message(record.topic, record.value, str(exc))
             await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+            metrics.outcome(metrics.REJECTED)
             return
         not_before = wait_times(record.value)[1]
         if not_before > now:
