@@ -23,16 +23,16 @@ locals {
   # deliberately absent: the SDK finds the instance profile by itself.
   plain_environment = merge(
     {
-      REDIS_URL           = var.redis_url
-      KAFKA_HOSTS         = var.kafka_hosts
-      S3_BUCKET           = var.s3_bucket
-      AWS_DEFAULT_REGION  = data.aws_region.current.name
-      KAFKA_PARTITIONS    = tostring(var.kafka_partitions)
-      MAX_TASKS           = tostring(var.max_tasks)
-      MONITOR_PORT        = tostring(var.monitor_port)
-      # Read by the workers only (the monitor serves /metrics on MONITOR_PORT).
-      WORKER_METRICS_PORT = tostring(var.worker_metrics_port)
+      REDIS_URL          = var.redis_url
+      KAFKA_HOSTS        = var.kafka_hosts
+      S3_BUCKET          = var.s3_bucket
+      AWS_DEFAULT_REGION = data.aws_region.current.name
+      KAFKA_PARTITIONS   = tostring(var.kafka_partitions)
+      MAX_TASKS          = tostring(var.max_tasks)
+      MONITOR_PORT       = tostring(var.monitor_port)
     },
+    # Read by the workers only (the monitor serves /metrics on MONITOR_PORT).
+    { WORKER_METRICS_PORT = tostring(var.worker_metrics_port) },
     # Unset optional inputs keep the crawler's own defaults.
     { for k, v in { SOURCES_URL = var.sources_url, CRAWL_USER_AGENT = var.crawl_user_agent } : k => v if v != null },
     var.extra_environment,
@@ -205,7 +205,9 @@ resource "aws_security_group" "monitor" {
 
 resource "aws_security_group" "worker" {
   name        = "${var.name}-worker"
-  description = "Image crawler workers: their metrics for operators only"
+  # The description is as first applied, though /metrics is now open to the operators: a
+  # new one would replace the group (AWS cannot change it), and every worker's attachment.
+  description = "Image crawler workers: no ingress at all"
   vpc_id      = var.vpc_id
   tags        = var.tags
 
