@@ -40,6 +40,14 @@ test: lint
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
 	  || { echo "error: apt-get could not install chromium and chromium-driver (needs root on Debian/Ubuntu); install them and rerun make test" >&2; exit 1; }; \
 	fi
+	@# promtool, Prometheus's linter, checks both /metrics endpoints and the scrape configurations.
+	@# Debian ships it only inside the server's package; where systemd runs, that also starts a
+	@# Prometheus on :9090 (systemctl disable --now prometheus, if unwanted).
+	@if [ ! -x /usr/bin/promtool ]; then \
+	  echo "installing prometheus (apt-get) for promtool, which lints /metrics"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+	  || { echo "error: apt-get could not install prometheus (for promtool; needs root on Debian/Ubuntu); install it and rerun make test" >&2; exit 1; }; \
+	fi
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -61,6 +61,7 @@ class Settings:
     max_image_bytes: int = 50 * 1024 * 1024
     crawl_per_host_connections: int = 8
     monitor_port: int = 8090
+    worker_metrics_port: int | None = None  # None: no /metrics; 0: a free port, logged
     shutdown_timeout: float = 30.0
     kafka_leave_group: bool = True
     body_budget_bytes: int = field(default_factory=lambda: default_body_budget())
@@ -112,6 +113,7 @@ class Settings:
             crawl_per_host_connections=get(
                 "CRAWL_PER_HOST_CONNECTIONS", _in(int, 1, 1000), d.crawl_per_host_connections),
             monitor_port=get("MONITOR_PORT", _in(int, 0, 65535), d.monitor_port),
+            worker_metrics_port=get("WORKER_METRICS_PORT", _in(int, 0, 65535), d.worker_metrics_port),
             shutdown_timeout=get("SHUTDOWN_TIMEOUT", _in(float, 0, 3600), d.shutdown_timeout),
             kafka_leave_group=get("KAFKA_LEAVE_GROUP", _bool, d.kafka_leave_group),
             body_budget_bytes=get("BODY_BUDGET_BYTES", _in(int, 1 << 20, 2**48), d.body_budget_bytes),

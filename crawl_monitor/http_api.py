@@ -23,14 +23,16 @@ free port: read it from ``runner.addresses[0][1]``). ``redis`` is a
 
 Endpoints:
 
-- ``/metrics``: Prometheus text format, per source in ``inbound_sources``
-  (label ``source``): ``crawler_source_requests_total``,
+- ``/metrics``: Prometheus text format (SPEC.md §6), per source in
+  ``inbound_sources`` (label ``source``): ``crawler_source_requests_total``,
   ``crawler_source_successes_total``, ``crawler_source_errors_total`` (label
-  ``status``), ``crawler_source_rate_limit_rps``, ``crawler_source_tokens``,
-  ``crawler_source_halted``, ``crawler_source_temp_halted`` (0 or 1), and the
-  adaptive back-off's ``crawler_source_effective_rate_rps``,
-  ``crawler_source_response_ms`` (label ``window``: ``baseline`` or ``recent``),
-  ``crawler_source_adaptive`` (0 while switched off).
+  ``status``), ``crawler_source_limit_requests_per_second`` (the computed or
+  overridden rate), ``crawler_source_granted_requests_per_second`` (what the
+  monitor grants now), ``crawler_source_tokens``, ``crawler_source_halted``,
+  ``crawler_source_temp_halted`` (0 or 1), and the adaptive back-off's
+  ``crawler_source_response_seconds`` (label ``window``: ``baseline`` or
+  ``recent``) and ``crawler_source_adaptive`` (0 while switched off); and the
+  monitor process's own ``process_*`` (CPU, memory, file descriptors).
 - ``/status``: the latest ``monitoring_update`` as JSON (its own keys
   unchanged; ``event`` is null before the first one), plus ``sources`` (the
   live per-source state from Redis, with the achieved request rate) and
@@ -50,7 +52,7 @@ from typing import Any
 from collections.abc import AsyncIterator, Callable, Iterable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
@@ -93,7 +95,11 @@ class SourcesCollector(Collector):
                                 labels=["source"]),
             CounterMetricFamily("crawler_source_successes", "Images resized (num_resized:{source}).",
                                 labels=["source"]),
-            GaugeMetricFamily("crawler_source_rate_limit_rps", "Rate the monitor grants (rate_limit:{source}).",
+            GaugeMetricFamily("crawler_source_limit_requests_per_second", "The source's rate limit: computed "
+                              "from its size or overridden (adaptive:{source} ceiling, else override_rate).",
+                              labels=["source"]),
+            GaugeMetricFamily("crawler_source_granted_requests_per_second", "Rate the monitor grants now: the "
+                              "limit as the adaptive back-off allows it, 0 while stopped (rate_limit:{source}).",
                               labels=["source"]),
             GaugeMetricFamily("crawler_source_tokens", "Tokens left in the bucket (currtokens:{source}).",
                               labels=["source"]),
@@ -102,39 +108,39 @@ class SourcesCollector(Collector):
             GaugeMetricFamily("crawler_source_temp_halted", "1 if the source is paused for an error surge "
                               "(temp_halted).", labels=["source"]),
         ]
-        requests, successes, rate, tokens, halted, temp_halted = per_source
+        requests, successes, limit, granted, tokens, halted, temp_halted = per_source
         errors = CounterMetricFamily("crawler_source_errors", "Failures by status "
                                      "(resize_errors:{source}:{status}).", labels=["source", "status"])
-        effective = GaugeMetricFamily("crawler_source_effective_rate_rps", "Rate the adaptive back-off allows "
-                                      "(adaptive:{source} effective_rate).", labels=["source"])
-        response = GaugeMetricFamily("crawler_source_response_ms", "Median time to first byte: the site's "
+        response = GaugeMetricFamily("crawler_source_response_seconds", "Median time to first byte: the site's "
                                      "lightly loaded baseline, and recent.", labels=["source", "window"])
         adaptive = GaugeMetricFamily("crawler_source_adaptive", "0 while adaptive_off:{source} is set.",
                                      labels=["source"])
         for source, state in self.sources.items():
             requests.add_metric([source], state.requests)
             successes.add_metric([source], state.successes)
+            ceiling = state.ceiling if state.ceiling is not None else state.override
+            if ceiling is not None:
+                limit.add_metric([source], ceiling)
             if state.rate_limit is not None:
-                rate.add_metric([source], state.rate_limit)
+                granted.add_metric([source], state.rate_limit)
             if state.tokens is not None:
                 tokens.add_metric([source], state.tokens)
             halted.add_metric([source], int(state.halted))
             temp_halted.add_metric([source], int(state.temp_halted))
             for status, count in state.errors.items():
                 errors.add_metric([source, status], count)
-            if state.effective_rate is not None:
-                effective.add_metric([source], state.effective_rate)
             for window, ms in (("baseline", state.baseline_ms), ("recent", state.recent_ms)):
                 if ms is not None:
-                    response.add_metric([source, window], ms)
+                    response.add_metric([source, window], ms / 1000)
             adaptive.add_metric([source], int(state.adaptive))
         yield from per_source
-        yield from (errors, effective, response, adaptive)
+        yield from (errors, response, adaptive)
 
 
 def render_metrics(sources: dict[str, SourceState]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SourcesCollector(sources))
+    ProcessCollector(registry=registry)
     return generate_latest(registry)
 
 

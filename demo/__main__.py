@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common.contracts import EVENT_DEMO_INTERRUPTED
+from common.contracts import EVENT_DEMO_INTERRUPTED, EVENT_WORKER_METRICS_STARTED
 from common.jsonlog import log_event
 from common.settings import DEFAULT_USER_AGENT
 from demo.cluster import Cluster
@@ -36,6 +36,7 @@ STACK_DIR = ROOT / ".devstack"
 WORKERS = 2
 CRAWL_TIMEOUT = 150.0  # seconds from scheduling; the sample needs well under half that
 DASHBOARD_PORT = 8090
+METRICS_WAIT = 30.0  # seconds for a worker to start and say where its /metrics is
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -76,9 +77,15 @@ def run() -> int:
     with LocalStack(STACK_DIR) as addresses:
         dashboard = _port(DASHBOARD_PORT)
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
-        with crawl(web, plan, base, OUT, WORKERS, MONITOR_PORT=str(dashboard)) as (cluster, outcomes):
+        # Each worker's /metrics on a free port of its own, which it logs (worker_metrics_started).
+        with crawl(web, plan, base, OUT, WORKERS, MONITOR_PORT=str(dashboard),
+                   WORKER_METRICS_PORT="0") as (cluster, outcomes):
             print(f"monitor and {WORKERS} workers running, crawl scheduled; "
                   f"dashboard http://127.0.0.1:{dashboard}/ ; logs in {OUT}/", flush=True)
+            ports = [child.logged(EVENT_WORKER_METRICS_STARTED, METRICS_WAIT)["port"]
+                     for child in cluster.children if child.name.startswith("worker")]
+            print(f"Prometheus metrics: http://127.0.0.1:{dashboard}/metrics (monitor), "
+                  + ", ".join(f"http://127.0.0.1:{port}/metrics" for port in ports) + " (workers)", flush=True)
             with tqdm(total=len(plan), unit="url", desc="outcomes") as bar:
                 complete = outcomes.wait(CRAWL_TIMEOUT, _progress(outcomes, cluster, bar))
             print("stopping the crawler...", flush=True)

@@ -8,6 +8,7 @@ SIGTERM, a failed assertion or a SIGKILLed parent leave nothing behind.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from collections.abc import Mapping
 
 from common.process import own_group_dying_with_parent
@@ -77,6 +79,24 @@ class Child:
             return self.process.wait(timeout) if self.process else None
         except subprocess.TimeoutExpired:
             return None
+
+    def logged(self, event: str, timeout: float) -> dict[str, Any]:
+        """The first JSON line of its log with this ``event`` (``worker_metrics_started``, say),
+        waiting up to ``timeout`` s for it; TimeoutError if it never came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.log_path.exists():
+                for line in self.log_path.read_text(errors="replace").splitlines():
+                    if f'"{event}"' in line:
+                        try:
+                            record = json.loads(line)
+                        except ValueError:
+                            continue
+                        if record.get("event") == event:
+                            return record
+            if time.monotonic() >= deadline or (self.process is not None and self.process.poll() is not None):
+                raise TimeoutError(f"{self.name} logged no {event} (see {self.log_path})")
+            time.sleep(0.1)
 
 
 def module_argv(module: str, *args: str) -> list[str]:

@@ -4,7 +4,8 @@
 robots.txt rules, a Crawl-delay, dead links, broken files) go through
 ``python -m crawl_monitor.tsv_producer`` to a monitor and two workers, all
 subprocesses. The verdict comes from the outputs a downstream consumer sees
-(Kafka topics, S3) and from the websites' own request logs.
+(Kafka topics, S3) and from the websites' own request logs. A quarter of the way
+through, the monitor's and a worker's /metrics are scraped and linted by promtool.
 """
 from __future__ import annotations
 
@@ -19,11 +20,15 @@ import botocore.session
 import pytest
 from PIL import Image
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.contracts import EVENT_HTTP_API_STARTED, EVENT_WORKER_METRICS_STARTED, WORKER_GROUP
 from common.settings import DEFAULT_USER_AGENT, Settings
 from demo.crawl import crawl
 from demo.outcomes import QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS, kafka_server
 from test.conftest import BUCKET
+from test.promtool import check_metrics
 from demo.simweb import Planned, SimWeb, SiteSpec, image_size, spec_rate, standard_web
 
 N_SOURCES, N_URLS, WORKERS = 20, 2000, 2
@@ -132,13 +137,52 @@ async def test_sites_log_when_a_request_arrived_not_when_they_got_to_it() -> Non
     assert all(abs(at - when) < 0.05 for at, when in zip(logged, sent, strict=True)), (logged, sent)
 
 
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200, url
+        return response.read().decode()
+
+
+def assert_metrics_mid_crawl(cluster) -> None:
+    """Both /metrics endpoints as Prometheus scrapes them mid-crawl: promtool has no warning,
+    the monitor has each source's limit and granted rate, and a worker shows its tasks,
+    partitions, rebalance and downloads."""
+    started = time.monotonic()
+    ports = {child.name: child.logged(event, 30)["port"]  # each on a free port of its own
+             for child, event in ((cluster.children[0], EVENT_HTTP_API_STARTED),
+                                  (cluster.children[1], EVENT_WORKER_METRICS_STARTED))}
+    monitor = scrape(f"http://127.0.0.1:{ports['monitor']}/metrics")
+    check_metrics(monitor)
+    assert "crawler_source_limit_requests_per_second{" in monitor
+    assert "crawler_source_granted_requests_per_second{" in monitor
+    text = scrape(f"http://127.0.0.1:{ports['worker-1']}/metrics")
+    check_metrics(text)
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("group", WORKER_GROUP) == WORKER_GROUP:  # not the robots wait line's
+                samples[sample.name] = samples.get(sample.name, 0.0) + sample.value  # summed over labels
+    print(f"\n[e2e] worker-1 mid-crawl: {samples['crawler_worker_tasks_in_flight']:.0f} tasks in flight, "
+          f"{samples['crawler_worker_tasks_waiting']:.0f} waiting, {samples['crawler_worker_partitions']:.0f} "
+          f"partitions, {samples['crawler_worker_download_seconds_count']:.0f} downloads; both endpoints "
+          f"scraped and linted in {time.monotonic() - started:.2f} s")
+    assert samples["crawler_worker_tasks_in_flight"] + samples["crawler_worker_tasks_waiting"] > 0
+    assert samples["crawler_worker_slots"] == SETTINGS.max_tasks
+    assert samples["crawler_worker_partitions"] > 0 and samples["crawler_worker_rebalances_total"] >= 1
+    assert samples["crawler_worker_first_byte_seconds_count"] > 0
+    assert samples["crawler_worker_download_seconds_count"] > 0 and samples["crawler_worker_downloaded_bytes_total"] > 0
+    assert samples["crawler_worker_outcomes_total"] > 0 and samples["process_cpu_seconds_total"] > 0
+
+
 def test_2000_urls_over_20_sources_each_get_one_outcome_politely(crawl_env, s3_endpoint, tmp_path: Path,
                                                                   unique: str) -> None:
     specs, plan = standard_web(N_SOURCES, N_URLS, prefix=f"e2e{unique[:6]}s")
     web = SimWeb(specs, log_path=tmp_path / "requests.jsonl")  # the sites' log, kept for a failure
     started = time.monotonic()
-    with crawl(web, plan, crawl_env, tmp_path, WORKERS) as (cluster, outcomes):
-        outcomes.wait(CRAWL_TIMEOUT, fail_if_dead(cluster))
+    with crawl(web, plan, crawl_env, tmp_path, WORKERS, WORKER_METRICS_PORT="0") as (cluster, outcomes):
+        outcomes.wait(CRAWL_TIMEOUT, fail_if_dead(cluster), until=N_URLS // 4)
+        assert_metrics_mid_crawl(cluster)
+        outcomes.wait(CRAWL_TIMEOUT - (time.monotonic() - started), fail_if_dead(cluster))
         crawled = time.monotonic() - started
         codes = cluster.stop()
     print(f"\n[e2e] {N_URLS} URLs, {N_SOURCES} sources: every outcome in {crawled:.0f} s; "

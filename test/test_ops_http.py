@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common import contracts as c
 from common.contracts import utc_now_iso
 from crawl_monitor.http_api import History, SourceState, start_http_api
+from test.promtool import check_metrics
 
 
 async def seed(redis) -> None:
@@ -95,18 +96,24 @@ async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
     assert value("crawler_source_errors_total", "flickr", status="500") == 20
     assert value("crawler_source_errors_total", "flickr", status="Timeout") == 2
     assert value("crawler_source_errors_total", "phylopic", status="500") == 50
-    assert value("crawler_source_rate_limit_rps", "flickr") == 178.375
+    assert value("crawler_source_granted_requests_per_second", "flickr") == 178.375
+    assert value("crawler_source_limit_requests_per_second", "flickr") == 200  # adaptive:flickr ceiling
+    assert value("crawler_source_limit_requests_per_second", "animaldiversity") == 0.5  # its override
+    assert ("crawler_source_limit_requests_per_second", (("source", "phylopic"),)) not in samples  # not yet known
     assert value("crawler_source_tokens", "flickr") == 120
     assert [value("crawler_source_halted", s) for s in ("flickr", "animaldiversity", "phylopic")] == [0, 0, 1]
     assert [value("crawler_source_temp_halted", s) for s in ("flickr", "animaldiversity", "phylopic")] == [0, 1, 0]
     error_statuses = {dict(k[1])["status"] for k in samples if k[0] == "crawler_source_errors_total"}
     assert error_statuses == {"500", "Timeout", "503"}
     assert not any(dict(k[1]).get("source") == "retired" for k in samples)
-    assert value("crawler_source_effective_rate_rps", "flickr") == 178.375
-    assert value("crawler_source_response_ms", "flickr", window="baseline") == 210.4
-    assert value("crawler_source_response_ms", "flickr", window="recent") == 450.2
+    assert value("crawler_source_response_seconds", "flickr", window="baseline") == pytest.approx(0.2104)
+    assert value("crawler_source_response_seconds", "flickr", window="recent") == pytest.approx(0.4502)
     assert [value("crawler_source_adaptive", s) for s in ("flickr", "animaldiversity", "phylopic")] == [1, 1, 0]
-    assert ("crawler_source_effective_rate_rps", (("source", "animaldiversity"),)) not in samples  # none yet
+    assert ("crawler_source_response_seconds", (("source", "animaldiversity"), ("window", "recent"))) not in samples
+    assert samples[("process_resident_memory_bytes", ())] > 0  # the monitor's own
+    # SPEC.md §6: the names with abbreviated units are gone, and Prometheus's linter is content.
+    assert not re.search(r"_ms\b|_rps\b", text)
+    check_metrics(text)
 
 
 async def test_metrics_answer_503_when_redis_is_down() -> None:

@@ -16,7 +16,10 @@ from collections.abc import Iterator
 
 import hcl2
 import pytest
+import yaml
 from hcl2 import SerializationOptions
+
+from test.promtool import check_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TF_ROOT = ROOT / "deploy" / "terraform"
@@ -28,7 +31,7 @@ TF_DIRS = sorted({p.parent for p in TF_FILES})
 
 WORLD = {"0.0.0.0/0", "::/0"}
 # Ingress open to the world that is on purpose, as (directory, resource address).
-# None: the dashboard is reached from operator_cidr_blocks, and there is no SSH
+# None: the dashboard and the workers' /metrics are reached from operator_cidr_blocks, and there is no SSH
 # (Session Manager instead). Document any addition here and in a comment beside it.
 ALLOWED_WORLD_INGRESS: set[tuple[str, str]] = set()
 SECRETISH = re.compile(r"secret|password|passwd|token|credential|private|access_key|api_key|(^|_)keys?($|_)",
@@ -175,3 +178,42 @@ def test_prod_passes_every_required_module_input_and_nothing_unknown() -> None:
         assert passed <= set(declared), f"module {name} passes unknown {sorted(passed - set(declared))}"
     for setting in ("kafka_hosts", "redis_url"):
         assert setting in variables(PROD) and "default" not in variables(PROD)[setting]
+
+
+def test_the_workers_metrics_port_is_open_to_the_operators_only() -> None:
+    groups = {name: body for rtype, name, body in resources(MODULE) if rtype == "aws_security_group"}
+    rules = [content for dynamic in groups["worker"].get("dynamic", [])
+             for content in dynamic.get("ingress", {}).get("content", [])]
+    assert not groups["worker"].get("ingress"), "workers accept nothing but their /metrics"
+    assert [(r["from_port"], r["to_port"], r["protocol"], r["cidr_blocks"]) for r in rules] == [
+        ("${var.worker_metrics_port}", "${var.worker_metrics_port}", "tcp", "${var.operator_cidr_blocks}")]
+    module = load_dir(MODULE)
+    local_values = {k: v for block in module["locals"] for k, v in block.items()}
+    assert "WORKER_METRICS_PORT = tostring(var.worker_metrics_port)" in local_values["plain_environment"]
+    assert "-p ${var.worker_metrics_port}:${var.worker_metrics_port}" in json.dumps(local_values["containers"])
+
+
+def test_the_prometheus_scrape_config_output_is_a_config_promtool_accepts(tmp_path: Path) -> None:
+    """Rendered as Terraform would (its template uses only ${name} and ${jsonencode(name)}),
+    with a monitor and two workers, then checked by Prometheus's own promtool."""
+    outputs = (MODULE / "outputs.tf").read_text()
+    call = re.search(r'output "prometheus_scrape_config".*?templatefile\("\$\{path\.module\}/([\w.]+)", \{(.*?)\}\)',
+                     outputs, re.DOTALL)
+    assert call, "the scrape configuration must come from templatefile()"
+    passed = set(re.findall(r"^\s*(\w+)\s*=", call.group(2), re.MULTILINE))
+    assert "var.worker_metrics_port" in call.group(2) and "var.monitor_port" in call.group(2)
+    values = {"name": "image-crawler-test", "monitor_targets": ["10.0.1.5:8090"],
+              "worker_targets": ["10.0.2.7:8091", "10.0.3.9:8091"]}
+    assert passed == set(values), passed
+
+    def render(match: re.Match) -> str:
+        encoded = re.fullmatch(r"jsonencode\((\w+)\)", match.group(1))
+        return json.dumps(values[encoded.group(1)]) if encoded else str(values[match.group(1)])
+
+    config = tmp_path / "prometheus.yml"
+    config.write_text(re.sub(r"\$\{([^}]*)\}", render, (MODULE / call.group(1)).read_text()))
+    check_config(config)
+    jobs = {job["job_name"]: job["static_configs"][0]["targets"]
+            for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+    assert jobs == {"image-crawler-test-monitor": ["10.0.1.5:8090"],
+                    "image-crawler-test-worker": ["10.0.2.7:8091", "10.0.3.9:8091"]}

@@ -1,5 +1,6 @@
 """The worker's Kafka feed on the real broker: new partitions start at the group's commits, or
-at 0, unpaused, and each assignment says how long it took (worker_partitions)."""
+at 0, unpaused, and each assignment says how long it took (worker_partitions) and shows in
+the worker's /metrics (partitions owned, rebalances)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from common.kafka import AsyncConsumer, consumer_config, ensure_topics, producer_config
 from worker.constants import CONSUMER_EXTRA_CONFIG
 from worker.feed import KafkaFeed
+from worker.metrics import REGISTRY
 
 
 async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kafka_hosts: str, unique: str) -> None:
@@ -26,7 +28,7 @@ async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kaf
     earlier.close()
 
     consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
-    feed = KafkaFeed(consumer)
+    feed = KafkaFeed(consumer, group)
     await feed.subscribe([topic])
     read: list[tuple[int, int]] = []
     try:
@@ -52,7 +54,7 @@ async def test_a_partition_paused_at_a_rebalance_is_read_again_from_its_commit(k
     assert producer.flush(30) == 0
 
     consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
-    feed = KafkaFeed(consumer)
+    feed = KafkaFeed(consumer, group)
     await feed.subscribe([topic])
     before: list[tuple[int, int]] = []
     after: list[tuple[int, int]] = []
@@ -70,8 +72,13 @@ async def test_a_partition_paused_at_a_rebalance_is_read_again_from_its_commit(k
                 batch = await feed.poll(100, 0.2)
                 after += [(record.partition, record.offset) for record in batch.records if record.topic == topic]
                 timings += [batch.rebalance] if batch.assigned else []
+            owned = REGISTRY.get_sample_value("crawler_worker_partitions", {"group": group})
+            rebalances = REGISTRY.get_sample_value("crawler_worker_rebalances_total", {"group": group})
+            since = REGISTRY.get_sample_value("crawler_worker_seconds_since_rebalance", {"group": group})
     finally:
         await consumer.close()
+    assert (owned, rebalances) == (4, 2)  # both topics' partitions, after the second assignment
+    assert since is not None and 0 <= since < 60
     assert sorted(after) == [(0, 1), (0, 2), (0, 3), (1, 3)]
     first, second = timings
     assert set(first) == {"offsets_seconds"} and first["offsets_seconds"] >= 0

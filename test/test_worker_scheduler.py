@@ -133,9 +133,21 @@ async def test_fast_source_gets_slots_by_need_among_many_slow_ones() -> None:
         return 0.2
 
     scheduler = make(feed, await redis_with({"fast": 100.0, **slow}), handle, max_tasks=50)
-    await run_until(scheduler, lambda: peak["fast"] >= 25 and len(peak) == 61)
+    loads = []  # what the worker's /metrics reads (worker.metrics), once every source has run
+
+    def all_ran() -> bool:
+        if peak["fast"] >= 25 and len(peak) == 61:
+            loads.append(scheduler.load())
+        return bool(loads)
+
+    await run_until(scheduler, all_ran)
     # Equal shares would give the fast source 50 / 61 = 0 or 1 slot.
     assert max(peak[s] for s in slow) == 1
+    load = loads[0]
+    assert load.slots["reserved"] >= 20 and load.slots["reserved"] + load.slots["shared"] == 50
+    assert 0 < load.in_flight["reserved"] <= load.slots["reserved"]  # the fast source's
+    assert load.in_flight["shared"] <= load.slots["shared"] and sum(load.in_flight.values()) <= 50
+    assert load.waiting > 0  # 400 fast URLs did not all fit
 
 
 async def test_a_slow_source_ahead_in_the_partition_holds_back_no_other_source(monkeypatch) -> None:

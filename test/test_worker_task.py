@@ -17,6 +17,7 @@ from worker.fetch import Fetched, FetchError
 from worker.imaging import analyze
 from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
 from worker.stats import Stats
+from worker.metrics import OUTCOME_KINDS, REGISTRY
 from worker.task import ImageTask
 
 SOURCE = "example"
@@ -167,11 +168,31 @@ async def test_forbidden_address_is_counted_but_kept_out_of_the_breaker_windows(
     assert run.redis.integer(RESIZE_ERRORS) == 1
 
 
+def worker_outcomes() -> dict[str, float]:
+    """crawler_worker_outcomes_total by kind, as the worker's /metrics has them now."""
+    return {kind: REGISTRY.get_sample_value("crawler_worker_outcomes_total", {"kind": kind}) or 0.0
+            for kind in OUTCOME_KINDS}
+
+
+@pytest.mark.parametrize("result, attempts, kind", [
+    (ok(image_bytes("JPEG")), 0, "success"), (ok(b"", 410), 0, "link_rot"), (ok(b"", 503), 0, "retry"),
+    (ok(b"", 503), 1, "crawl_error"), (FetchError("RobotsDisallowed"), 0, "crawl_error"),
+    (FetchError("RobotsUnavailable", retry_at=4102444800.0), 0, "robots_wait"),
+])
+async def test_each_outcome_counts_once_by_its_kind_in_the_workers_metrics(result, attempts, kind) -> None:
+    before = worker_outcomes()
+    await Run(result, attempts=attempts)()
+    after = worker_outcomes()
+    assert {k: after[k] - before[k] for k in OUTCOME_KINDS} == {k: float(k == kind) for k in OUTCOME_KINDS}
+
+
 async def test_broker_outage_is_waited_out_not_an_outcome(monkeypatch) -> None:
     monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
+    retries = REGISTRY.get_sample_value("crawler_worker_infra_retries_total", {"service": "kafka"})
     run = await Run(ok(image_bytes("JPEG")), producer=FakeProducer(fail_first=3))()
     assert len(run.producer.on(METADATA_TOPIC)) == 1
     assert run.redis.integer(NUM_RESIZED) == 1
+    assert REGISTRY.get_sample_value("crawler_worker_infra_retries_total", {"service": "kafka"}) == retries + 3
 
 
 async def test_redis_outage_before_the_request_is_waited_out(monkeypatch) -> None:

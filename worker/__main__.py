@@ -1,5 +1,7 @@
 """``python -m worker``: one crawl worker; run any number on any number of machines.
 
+With ``WORKER_METRICS_PORT`` set it serves ``/metrics`` (``worker.metrics``).
+
 SIGTERM (or Ctrl-C) stops taking work, lets requests in flight finish
 within SHUTDOWN_TIMEOUT, commits what finished and exits 0; whatever did
 not finish is re-delivered to the next worker.
@@ -22,6 +24,7 @@ from common.settings import Settings, load_settings
 from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS
 from worker.feed import KafkaFeed
 from worker.fetch import Fetcher
+from worker import metrics
 from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver, build_connector
 from worker.politeness.gate import build_gate
@@ -36,6 +39,9 @@ from worker.tokens import TokenBuckets
 
 
 async def run(settings: Settings) -> None:
+    # First: a port that cannot be had stops the worker before it joins the group.
+    metrics_server = (metrics.MetricsServer(settings.worker_metrics_port)
+                      if settings.worker_metrics_port is not None else None)
     redis = bounded_redis(settings.redis_url, REDIS_MAX_CONNECTIONS)
     producer = AsyncProducer(producer_config(settings.kafka_hosts))
     consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
@@ -57,18 +63,21 @@ async def run(settings: Settings) -> None:
             fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes,
                               body_budget=settings.body_budget_bytes)
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
-            scheduler = Scheduler(KafkaFeed(consumer), redis, task.process, producer, tokens, rates,
+            scheduler = Scheduler(KafkaFeed(consumer, WORKER_GROUP), redis, task.process, producer, tokens, rates,
                                   settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)
             # Every topic this worker reads, so that a worker started before the monitor subscribes
             # to topics that exist (librdkafka would look for a missing one again only minutes later).
             await persist("kafka_create_topics", lambda: asyncio.to_thread(_ensure_topics, settings))
-            lines: list[WaitLine | HaltedLine] = [WaitLine(KafkaFeed(wait_consumer), producer),
-                     HaltedLine(KafkaFeed(halted_consumer), producer, lambda: scheduler.halted)]
+            lines: list[WaitLine | HaltedLine] = [
+                WaitLine(KafkaFeed(wait_consumer, WAIT_GROUP), producer),
+                HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, lambda: scheduler.halted)]
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, scheduler.stop)
             log_event(EVENT_WORKER_STARTED, max_tasks=settings.max_tasks, processes=pool.processes)
             running = [asyncio.create_task(line.run()) for line in lines]
+            metrics.BODY_BUDGET.set(settings.body_budget_bytes)
+            sampling = asyncio.create_task(metrics.sample_forever(scheduler.load, fetcher.body_bytes_held))
             # A line that died would leave its URLs uncommitted until this worker stops: stop
             # it now, so its supervisor restarts it and they come back.
             for line_task in running:
@@ -77,6 +86,7 @@ async def run(settings: Settings) -> None:
             try:
                 await scheduler.run()
             finally:
+                sampling.cancel()
                 for line in lines:
                     line.stop()
                 for line_task in running:
@@ -96,6 +106,8 @@ async def run(settings: Settings) -> None:
         await session.close()
         await redis.aclose()
         pool.close()
+        if metrics_server is not None:
+            metrics_server.close()
         log_event(EVENT_WORKER_STOPPED, undelivered=undelivered)
 
 

@@ -140,3 +140,10 @@ CONSUMER_EXTRA_CONFIG = {
     "partition.assignment.strategy": "roundrobin",
     "queued.max.messages.kbytes": 8192,
 }
+
+# --- The worker's /metrics (worker/metrics.py) -----------------------------------
+METRICS_SAMPLE_SECONDS = 1.0  # how often the scheduler's load and the body budget are read
+# Histogram buckets, seconds: a site answering in 10 ms to one at READ_TIMEOUT; a body in one
+# packet to a large photo on a slow link, up to TOTAL_TIMEOUT.
+FIRST_BYTE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DOWNLOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 90.0)

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from common.contracts import EVENT_COMMIT_FAILED, EVENT_CONSUMER_ERROR, EVENT_CONSUMER_FLOW_FAILED
 from common.jsonlog import log_event
 from common.kafka import AsyncConsumer, coordinates
+from worker import metrics
 from worker.constants import ASSIGN_OFFSETS_TIMEOUT
 
 TP = tuple[str, int]  # (topic, partition)
@@ -79,8 +80,10 @@ def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
 
 
 class KafkaFeed:
-    def __init__(self, consumer: AsyncConsumer):
+    def __init__(self, consumer: AsyncConsumer, group: str):
+        """``group``: the consumer's group id, the label of its partitions in worker.metrics."""
         self._consumer = consumer
+        self._group = group
         self._events: deque[tuple[str, list[TP]]] = deque()  # appended on the consumer thread
         self._rebalance: dict[str, float] = {}  # written on the consumer thread, read after consume
         self._revoked_at: float | None = None
@@ -93,10 +96,12 @@ class KafkaFeed:
         def revoked(_consumer: Consumer, parts: list[TopicPartition]) -> None:
             self._revoked_at = time.monotonic()
             note("revoked", parts)
+            metrics.REBALANCE.revoked(self._group, len(parts))
 
         def assigned(consumer: Consumer, parts: list[TopicPartition]) -> None:
             started = time.monotonic()
             note("assigned", parts)
+            metrics.REBALANCE.assigned(self._group, len(parts))
             # A partition paused when it was revoked comes back paused (librdkafka keeps the
             # flag; confluent-kafka-go issue 193), while the scheduler starts every assigned
             # partition unpaused: a source paused at a rebalance was never read again (issue 20).
@@ -111,6 +116,7 @@ class KafkaFeed:
             if self._revoked_at is not None:
                 self._rebalance["since_revoked_seconds"] = round(done - self._revoked_at, 2)
                 self._revoked_at = None
+        metrics.REBALANCE.joined(self._group)
         await self._consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
         self._subscribed = True
 

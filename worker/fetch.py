@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from common.contracts import EVENT_FETCH_UNEXPECTED_ERROR
 from common.contracts import InvalidMessage, validate_url
 from common.jsonlog import log_event
 from common.statuses import Status
+from worker import metrics
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
 from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient, Ready
 from worker.politeness import Refused, RequestGate
@@ -98,6 +100,10 @@ class Fetcher:
         except Exception as exc:
             raise _classify(exc, waited) from exc
 
+    def body_bytes_held(self) -> int:
+        """Memory the bodies in hand hold now, against ``body_budget`` (worker.metrics)."""
+        return self._segments.held_bytes
+
     async def _slot_and_token(self, url: str, source: str) -> tuple[float, AsyncExitStack, Ready]:
         """The host slot, entered, and a connection ready, with a token spent last; and the
         seconds waited for tokens. The token comes last so that the request is written the
@@ -141,11 +147,14 @@ class Fetcher:
             turn.give()
 
     async def _request(self, url: str, source: str, ready: Ready) -> tuple[int, Mapping[str, str], Body, float]:
+        started = time.monotonic()  # the request is written at once: ``ready`` holds its connection
         async with asyncio.timeout(self._total_timeout), self._client.get(url, ready) as response:
+            metrics.FIRST_BYTE.observe(response.ttfb)
             body = Body()
             try:
                 if 200 <= response.status < 300:
                     body = await response.read_body(self._segments, self._max_bytes)
+                    metrics.downloaded(time.monotonic() - started, body.size)
             except BodyTooLarge:
                 raise FetchError(Status.TOO_LARGE, response.status) from None
             finally:

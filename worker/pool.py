@@ -35,6 +35,7 @@ from common.contracts import EVENT_IMAGE_POOL_BROKEN, EVENT_IMAGE_SHARED_MEMORY_
 from common.jsonlog import log_event
 from common.process import die_with_parent
 from common.statuses import Status
+from worker import metrics
 from worker.constants import IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS
 from worker.imaging import Analysis, analyze
 from worker.shared_memory import Body
@@ -56,6 +57,7 @@ class ImagePool:
         self._processes = [PoolProcess.start() for _ in range(self.processes)]
         self._slots = asyncio.Semaphore(self.processes * REQUESTS_PER_PROCESS)
         self._shared = True  # until a pool process cannot open a segment
+        metrics.IMAGE_PROCESSES.set(self.processes)
 
     async def analyze(self, body: Body | bytes, target_resolution: int) -> Analysis:
         """``imaging.analyze`` in a pool process; a ``Body`` in a segment is read from there."""
@@ -76,7 +78,8 @@ class ImagePool:
             async with self._slots:
                 process = min(self._processes, key=lambda candidate: candidate.queued)
                 try:
-                    outcome, value = await process.call(request)
+                    with metrics.IMAGE_POOL.busy(process):
+                        outcome, value = await process.call(request)
                 except ProcessDied:
                     log_event(EVENT_IMAGE_POOL_BROKEN, attempt=attempt, size=size)
                     self._replace(process)

@@ -37,6 +37,7 @@ from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
+from worker import metrics
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, DEMAND_INTERVAL,
                               FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
@@ -221,6 +222,7 @@ class Scheduler:
     async def _reject(self, record: Record, error: str) -> float:
         message = rejected_message(record.topic, record.value, error)
         await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+        metrics.outcome(metrics.REJECTED)
         return 0.0
 
     def _park(self, job: Job, source: str) -> None:
@@ -254,6 +256,15 @@ class Scheduler:
         finally:
             self._parking -= 1
         return 0.0
+
+    def load(self) -> metrics.SchedulerLoad:
+        """Tasks waiting and running, and slots, by slot class: for the worker's /metrics."""
+        reserved = sum(self._reserved.values())
+        on_reserved = sum(min(n, self._reserved.get(s, 0)) for s, n in self._inflight.items())
+        return metrics.SchedulerLoad(
+            waiting=self._queued,
+            in_flight={metrics.RESERVED: on_reserved, metrics.SHARED: self._total - on_reserved},
+            slots={metrics.RESERVED: reserved, metrics.SHARED: self._max_tasks - reserved})
 
     # --- concurrency ----------------------------------------------------------
     def _reallocate(self) -> None:

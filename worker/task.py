@@ -31,6 +31,7 @@ from common.jsonlog import log_event
 from common.settings import Settings
 from common.statuses import Status, in_windows, is_retryable
 from common.protocols import MessageProducer
+from worker import metrics
 from worker.constants import INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES
 from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
@@ -54,6 +55,7 @@ async def persist(what: str, operation: Callable[[], Awaitable[T]],
             return await operation()
         except retry_on as exc:
             log_event(EVENT_INFRA_RETRY, what=what, error=repr(exc)[:500], retry_in=delay)
+            metrics.infra_retry(what, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, INFRA_RETRY_MAX_DELAY)
 
@@ -100,6 +102,7 @@ class ImageTask:
         if status in LINK_ROT_STATUSES:
             await self._send(LINK_ROT_TOPIC, link_rot_message(request.uuid))
             await self._record(request.source, str(status), success=False, ttfb=ttfb)
+            metrics.outcome(metrics.LINK_ROT)
         elif status == 429 or status >= 500:
             await self._retry_or_fail(request, str(status), status, ttfb)
         elif not 200 <= status < 300:
@@ -125,6 +128,7 @@ class ImageTask:
             request.uuid, analysis.width, analysis.height, analysis.compression_quality,
             fetched.size, x_robots_tag=directives))
         await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb)
+        metrics.outcome(metrics.SUCCESS)
 
     async def _wait_for_robots(self, request: CrawlRequest, retry_at: float) -> None:
         """Send the URL to wait for its robots.txt, or end it once it has waited too long."""
@@ -137,6 +141,7 @@ class ImageTask:
             return
         topic, value = wait_message(replace(request, robots_wait_since=since), min(retry_at, give_up_at), now)
         await self._send(topic, value)
+        metrics.outcome(metrics.ROBOTS_WAIT)
 
     async def _retry_or_fail(self, request: CrawlRequest, status: str, http_status: int | None,
                              ttfb: float | None = None) -> None:
@@ -144,6 +149,7 @@ class ImageTask:
             retry = replace(request, attempts=request.attempts + 1)
             await self._send(INBOUND_TOPIC, retry.to_json())
             await self._record(request.source, status, success=False, ttfb=ttfb)
+            metrics.outcome(metrics.RETRY)
         else:
             await self._fail(request, status, http_status, ttfb=ttfb)
 
@@ -152,6 +158,7 @@ class ImageTask:
         reason = f"HTTP {status}" if status.isdigit() else status
         await self._send(CRAWL_ERRORS_TOPIC, crawl_error_message(request, reason, http_status))
         await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb)
+        metrics.outcome(metrics.CRAWL_ERROR)
 
     async def _send(self, topic: str, value: bytes) -> None:
         await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))

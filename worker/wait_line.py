@@ -10,6 +10,7 @@ from collections.abc import Callable
 from common.contracts import (REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMessage, parse_crawl_request,
                               rejected_message)
 from common.protocols import MessageProducer
+from worker import metrics
 from worker.constants import POLL_BATCH, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
 from worker.waiting import wait_message, wait_times
@@ -65,6 +66,7 @@ class WaitLine:
         except InvalidMessage as exc:
             message = rejected_message(record.topic, record.value, str(exc))
             await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+            metrics.outcome(metrics.REJECTED)
             return
         not_before = wait_times(record.value)[1]
         key = None

@@ -31,6 +31,8 @@ locals {
       MAX_TASKS          = tostring(var.max_tasks)
       MONITOR_PORT       = tostring(var.monitor_port)
     },
+    # Read by the workers only (the monitor serves /metrics on MONITOR_PORT).
+    { WORKER_METRICS_PORT = tostring(var.worker_metrics_port) },
     # Unset optional inputs keep the crawler's own defaults.
     { for k, v in { SOURCES_URL = var.sources_url, CRAWL_USER_AGENT = var.crawl_user_agent } : k => v if v != null },
     var.extra_environment,
@@ -39,7 +41,7 @@ locals {
 
   containers = {
     monitor = { image = "${var.image_registry}/image-crawler-monitor:${var.image_tag}", ports = "-p ${var.monitor_port}:${var.monitor_port}" }
-    worker  = { image = "${var.image_registry}/image-crawler-worker:${var.image_tag}", ports = "" }
+    worker  = { image = "${var.image_registry}/image-crawler-worker:${var.image_tag}", ports = "-p ${var.worker_metrics_port}:${var.worker_metrics_port}" }
   }
   user_data = {
     for role, c in local.containers : role => templatefile("${path.module}/user_data.sh.tftpl", {
@@ -203,9 +205,22 @@ resource "aws_security_group" "monitor" {
 
 resource "aws_security_group" "worker" {
   name        = "${var.name}-worker"
+  # The description is as first applied, though /metrics is now open to the operators: a
+  # new one would replace the group (AWS cannot change it), and every worker's attachment.
   description = "Image crawler workers: no ingress at all"
   vpc_id      = var.vpc_id
   tags        = var.tags
+
+  dynamic "ingress" {
+    for_each = length(var.operator_cidr_blocks) > 0 ? [1] : []
+    content {
+      description = "Prometheus /metrics of the worker"
+      from_port   = var.worker_metrics_port
+      to_port     = var.worker_metrics_port
+      protocol    = "tcp"
+      cidr_blocks = var.operator_cidr_blocks
+    }
+  }
 
   #checkov:skip=CKV_AWS_382:by design: a crawler fetches images from any website, on any port a URL names
   egress {

@@ -3,6 +3,15 @@ output "dashboard_url" {
   value       = "http://${aws_instance.monitor.private_ip}:${var.monitor_port}/"
 }
 
+output "prometheus_scrape_config" {
+  description = "A Prometheus configuration (YAML) scraping the monitor's and every worker's /metrics; Prometheus must run inside operator_cidr_blocks."
+  value = templatefile("${path.module}/prometheus.yml.tftpl", {
+    name            = var.name
+    monitor_targets = ["${aws_instance.monitor.private_ip}:${var.monitor_port}"]
+    worker_targets  = [for worker in aws_instance.worker : "${worker.private_ip}:${var.worker_metrics_port}"]
+  })
+}
+
 output "monitor_private_ip" {
   value = aws_instance.monitor.private_ip
 }

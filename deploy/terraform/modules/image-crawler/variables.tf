@@ -96,8 +96,18 @@ variable "monitor_port" {
   default     = 8090
 }
 
+variable "worker_metrics_port" {
+  description = "WORKER_METRICS_PORT: each worker's Prometheus /metrics, open to operator_cidr_blocks only."
+  type        = number
+  default     = 8091
+  validation {
+    condition     = var.worker_metrics_port >= 1 && var.worker_metrics_port <= 65535
+    error_message = "A TCP port, 1-65535."
+  }
+}
+
 variable "operator_cidr_blocks" {
-  description = "Networks allowed to reach the monitor's port (operators' VPN, Prometheus). Empty: reach it with an SSM port forward instead. There is no SSH: use aws ssm start-session."
+  description = "Networks allowed to reach the monitor's port and the workers' /metrics (operators' VPN, Prometheus). Empty: reach them with an SSM port forward instead. There is no SSH: use aws ssm start-session."
   type        = list(string)
   default     = []
   validation {
