@@ -34,7 +34,7 @@ from common.contracts import (ACTIVE_SOURCES, HALTED_URLS_TOPIC, REJECTED_TOPIC,
                               InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
-from common.source_sets import read_source_sets
+from common.source_sets import read_halts
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
 from worker.allocation import reserve
@@ -130,7 +130,7 @@ class Scheduler:
         now = self._clock()
         told = {s: now for s in self._new_work if now - self._demand_told.get(s, 0.0) >= DEMAND_INTERVAL}
         try:
-            sets = await read_source_sets(self._redis)
+            sets = await read_halts(self._redis)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
             if told:
                 # The regulator grants tokens to the sources active lately: these have work here.
