@@ -69,8 +69,9 @@ async def run(settings: Settings) -> None:
             # to topics that exist (librdkafka would look for a missing one again only minutes later).
             await persist("kafka_create_topics", lambda: asyncio.to_thread(_ensure_topics, settings))
             lines: list[WaitLine | HaltedLine] = [
-                WaitLine(KafkaFeed(wait_consumer, WAIT_GROUP), producer),
-                HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, lambda: scheduler.halted)]
+                WaitLine(KafkaFeed(wait_consumer, WAIT_GROUP), producer, settings.url_partitions),
+                HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, lambda: scheduler.halted,
+                           settings.url_partitions)]
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, scheduler.stop)
