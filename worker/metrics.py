@@ -75,6 +75,12 @@ REBALANCES = Counter("crawler_worker_rebalances", "Partition assignments receive
                      "a rebalance, during which the group reads nothing).", ["group"], registry=REGISTRY)
 SINCE_REBALANCE = Gauge("crawler_worker_seconds_since_rebalance", "Seconds since this worker's partitions last "
                         "changed (or it joined), by consumer group.", ["group"], registry=REGISTRY)
+# Where a parked URL waits (issue 26): a wait topic for its turn, or urls_halted for a resume.
+PARK_PLACES = ("wait", "halted")
+PARKED = Counter("crawler_worker_parked_urls", "URLs read from urls that their source could not take now, written "
+                 "to wait in Kafka (two messages read and two written more than a URL crawled at once): "
+                 "wait (its queue full, paused or temp_halted) or halted (urls_halted).", ["to"],
+                 registry=REGISTRY)
 INFRA_RETRIES = Counter("crawler_worker_infra_retries", "Calls to our own infrastructure retried (the task "
                         "waits, infra_retry in the log): redis, kafka, s3, memory (a body's segment).",
                         ["service"], registry=REGISTRY)
@@ -88,11 +94,17 @@ for _class in SLOT_CLASSES:
     SLOTS.labels(_class)
 for _service in INFRA_SERVICES:
     INFRA_RETRIES.labels(_service)
+for _place in PARK_PLACES:
+    PARKED.labels(_place)
 
 
 # --- hooks --------------------------------------------------------------------
 def outcome(kind: str) -> None:
     OUTCOMES.labels(kind).inc()
+
+
+def parked(to: str) -> None:
+    PARKED.labels(to).inc()
 
 
 def downloaded(seconds: float, size: int) -> None:

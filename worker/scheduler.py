@@ -237,6 +237,7 @@ class Scheduler:
         self.parked += 1
         if source in self.halted:
             topic, value = HALTED_URLS_TOPIC, parked_message(job.request, job.tp[1])
+            metrics.parked("halted")
         else:
             now = self._clock()
             rate = self.rates.get(source, 0.0)
@@ -247,6 +248,7 @@ class Scheduler:
                 not_before = max(self._park_at.get(source, 0.0), now + ahead) + 1.0 / rate
                 self._park_at[source] = not_before
             topic, value = wait_message(job.request, not_before, now, job.tp[1])
+            metrics.parked("wait")
         self._parking += 1
         self._spawn(job, None, self._send_parked(topic, value, source))
 
