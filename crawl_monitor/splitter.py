@@ -22,7 +22,8 @@ from redis import Redis
 
 from common import contracts
 from common.jsonlog import log_event
-from common.kafka import TopicCreator, consumer_config, coordinates, produce_waiting, producer_config
+from common.kafka import (TopicCreator, consumer_config, coordinates, produce_waiting, producer_config,
+                          refuses_the_message)
 from common.settings import Settings
 from common.protocols import SyncRedis
 from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
@@ -201,10 +202,15 @@ class Splitter:
                     topic = message.topic()
                     if topic is None:
                         raise ValueError(f"a failed delivery without a topic: {err}")
-                    failed.append((topic, message.key(), message.value() or b""))
+                    failed.extend(self._unless_refused((topic, message.key(), message.value() or b""), err, plan))
 
             for topic, key, value in pending:
-                self._produce(topic, key, value, on_failure)
+                try:
+                    self._produce(topic, key, value, on_failure)
+                except KafkaException as exc:  # refused before sending (larger than message.max.bytes)
+                    if not refuses_the_message(exc.args[0]):
+                        raise
+                    failed.extend(self._unless_refused((topic, key, value), exc.args[0], plan))
             while self._producer.flush(SPLIT_FLUSH_SECONDS) > 0:
                 if stop.is_set():
                     raise Stopping()
@@ -214,6 +220,21 @@ class Splitter:
                 if stop.wait(1.0):
                     raise Stopping()
             pending = failed
+
+    def _unless_refused(self, record: Record, err: KafkaError, plan: SplitPlan) -> list[Record]:
+        """What to send again of a record whose delivery failed: itself after an outage; after a
+        refusal of the message itself (too large, invalid) its rejection, as resending it would
+        fail forever and hold the whole batch; nothing if it was a rejection already (logged)."""
+        if not refuses_the_message(err):
+            return [record]
+        topic, _key, value = record
+        reason = f"Kafka refused it on {topic}: {err.str()}"
+        if topic == contracts.REJECTED_TOPIC:
+            _report(f"{reason}; the rejection is lost", raw=value[:200].decode("utf-8", errors="replace"))
+            return []
+        plan.split, plan.rejected = plan.split - 1, plan.rejected + 1
+        plan.first_rejection = plan.first_rejection or reason
+        return [(contracts.REJECTED_TOPIC, None, contracts.rejected_message(self._inbound_topic, value, reason))]
 
     def _record(self, plan: SplitPlan) -> None:
         if plan.split:

@@ -7,13 +7,14 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from common.contracts import (REJECTED_TOPIC, ROBOTS_WAIT_TOPICS, InvalidMessage, parse_crawl_request,
-                              rejected_message, source_topic)
+from common.contracts import (CRAWL_ERRORS_TOPIC, REJECTED_TOPIC, ROBOTS_WAIT_TOPICS, InvalidMessage,
+                              crawl_error_message, parse_crawl_request, rejected_message, source_topic)
 from common.protocols import MessageProducer
+from common.statuses import Status
 from worker.constants import POLL_BATCH, ROBOTS_WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
 from worker.robots_wait import wait_message, wait_times
-from worker.task import persist
+from worker.task import deliver, persist
 
 
 class RobotsWaitLine:
@@ -70,11 +71,13 @@ class RobotsWaitLine:
             request = parse_crawl_request(record.value)
         except InvalidMessage as exc:
             message = rejected_message(record.topic, record.value, str(exc))
-            await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+            await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
             return
         not_before = wait_times(record.value)[1]
         if not_before > now:
             topic, value = wait_message(request, not_before, now)
         else:
             topic, value = source_topic(request.source), request.to_json()
-        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))
+        if not await deliver(self._producer, topic, value, identifier=request.uuid):
+            error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
+            await deliver(self._producer, CRAWL_ERRORS_TOPIC, error, identifier=request.uuid)

@@ -37,7 +37,7 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LAT
                               REFRESH_INTERVAL, SUBSCRIBE_INTERVAL, SUBSCRIBE_MAX_WAIT, SUBSCRIBE_SETTLE)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
-from worker.task import persist
+from worker.task import deliver
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
 
 Handle = Callable[[CrawlRequest], Awaitable[float]]
@@ -203,7 +203,7 @@ class Scheduler:
 
     async def _reject(self, record: Record, error: str) -> float:
         message = rejected_message(record.topic, record.value, error)
-        await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+        await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
         return 0.0
 
     # --- concurrency ----------------------------------------------------------
