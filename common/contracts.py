@@ -220,7 +220,9 @@ THUMBNAIL_SUFFIX = ".jpg"
 # The escape that stands for percent-encoding's "%": "!" is kept by every URL parser and store
 # as it is, and no store or proxy decodes it a second time (a "%2F" decoded twice is a "/").
 KEY_ESCAPE = "!"
-MAX_KEY_BYTES = 1024  # S3's limit on a key, in UTF-8 bytes
+# The longest key every store takes: AWS allows 1,024 bytes, but a store that keeps objects as
+# files (SeaweedFS's filer, MinIO) allows 255 bytes per path component, and the key has one.
+MAX_KEY_BYTES = 255
 
 
 def thumbnail_key(identifier: str) -> str:
@@ -309,8 +311,8 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
         raise InvalidMessage(f"uuid must be printable UTF-8 of at most {MAX_UUID_LENGTH} characters")
     key_bytes = len(thumbnail_key(uuid))  # ASCII: characters are bytes
     if key_bytes > MAX_KEY_BYTES:
-        raise InvalidMessage(f"uuid's thumbnail key would be {key_bytes} bytes; S3 allows {MAX_KEY_BYTES} "
-                             "(a non-ASCII character takes 6 to 12 of them)")
+        raise InvalidMessage(f"uuid's thumbnail key would be {key_bytes} bytes, past {MAX_KEY_BYTES} (each "
+                             "character but A-Z a-z 0-9 _ . - ~ takes 3 per UTF-8 byte)")
     source = data.get("source")
     if not isinstance(source, str):
         raise InvalidMessage("source must be a string")
