@@ -228,7 +228,7 @@ class Splitter:
         if not refuses_the_message(err):
             return [record]
         topic, _key, value = record
-        reason = f"Kafka refused it on {topic}: {err.str()}"
+        reason = f"Kafka refused it on {topic}: {err.name()} ({err.str()})"
         if topic == contracts.REJECTED_TOPIC:
             _report(f"{reason}; the rejection is lost", raw=value[:200].decode("utf-8", errors="replace"))
             return []
