@@ -339,6 +339,7 @@ async def test_a_redis_error_about_a_value_ends_the_url_and_one_about_the_server
     wrong_type = ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
     run = await asyncio.wait_for(Run(ok(image_bytes("JPEG")), redis_down_for=1, outage=lambda _: wrong_type)(), 1.0)
     assert run.producer.on(CRAWL_ERRORS_TOPIC)[0]["reason"] == "RedisRefused"
+    assert run.last_statuses() == ["RedisRefused"]  # a source whose state is broken is halted, not emptied
     for outage in (OutOfMemoryError, ReadOnlyError, lambda text: ResponseError(f"MISCONF {text}")):
         run = await Run(ok(image_bytes("JPEG")), redis_down_for=2, outage=outage)()
         assert set(run.outcomes()) == {METADATA_TOPIC}

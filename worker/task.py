@@ -15,8 +15,8 @@ if the worker stops first. A refusal of this one URL's output is not such a
 failure, and waiting it out would hold the task (and its partition's commits)
 forever: S3 refusing the thumbnail's object, Kafka refusing one message (too
 large, invalid), Redis refusing a value. It ends the URL in ``crawl_errors``
-(``ThumbnailRefused``, ``MessageRefused``, ``RedisRefused``), kept out of the
-breaker's windows: it says nothing about the site.
+(``ThumbnailRefused``, ``MessageRefused``, ``RedisRefused``); only the last is
+in the breaker's windows (``common.statuses.NOT_IN_WINDOWS`` says why).
 """
 from __future__ import annotations
 
@@ -158,13 +158,14 @@ class ImageTask:
                   error=refused.error)
         try:
             if refused.what != f"kafka_send:{CRAWL_ERRORS_TOPIC}":
-                await self._fail(request, refused.status, refused.http_status, windows=False)
+                await self._fail(request, refused.status, refused.http_status,
+                                 windows=in_windows(refused.status))
                 return
         except Refusal as again:
             refused = again
         log_event(EVENT_OUTCOME_UNWRITABLE, identifier=request.uuid, url=request.url, source=request.source,
                   reason=refused.status, error=refused.error)
-        await self._record(request.source, refused.status, success=False, windows=False)
+        await self._record(request.source, refused.status, success=False, windows=in_windows(refused.status))
 
     async def _fetched(self, request: CrawlRequest, fetched: Fetched) -> None:
         status = fetched.status
