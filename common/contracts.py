@@ -215,7 +215,7 @@ MAX_SOURCE_LENGTH = 200  # a topic name may be at most 249 characters
 
 MAX_UUID_LENGTH = 200  # it names the thumbnail's S3 key
 
-# --- Thumbnail keys (SPEC.md §1, "Thumbnails") --------------------------------
+# --- Thumbnail keys (SPEC.md §5, "Thumbnails") --------------------------------
 THUMBNAIL_SUFFIX = ".jpg"
 # The escape that stands for percent-encoding's "%": "!" is kept by every URL parser and store
 # as it is, and no store or proxy decodes it a second time (a "%2F" decoded twice is a "/").

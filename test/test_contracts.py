@@ -110,7 +110,7 @@ def test_status_policy_as_data_and_the_wire_text_unchanged() -> None:
 
 
 def test_a_uuid_keeps_its_thumbnail_key_and_other_identifiers_are_escaped() -> None:
-    """SPEC.md §1 "Thumbnails": downstream systems rely on ``{uuid}.jpg``."""
+    """SPEC.md §5, "Thumbnails": downstream systems rely on ``{uuid}.jpg``."""
     assert contracts.thumbnail_key("0b9f6a3e-4b0e-4c8e-9d5a-1f2e3d4c5b6a") == "0b9f6a3e-4b0e-4c8e-9d5a-1f2e3d4c5b6a.jpg"
     assert contracts.thumbnail_key("0B9F6A3E-4B0E-4C8E-9D5A-1F2E3D4C5B6A") == "0B9F6A3E-4B0E-4C8E-9D5A-1F2E3D4C5B6A.jpg"
     assert contracts.thumbnail_key("photo_12.v2~x") == "photo_12.v2~x.jpg"
