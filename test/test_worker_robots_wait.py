@@ -9,7 +9,7 @@ from dataclasses import replace
 from common.contracts import (CRAWL_ERRORS_TOPIC, ROBOTS_WAIT_TOPICS, CrawlRequest, parse_crawl_request,
                               source_topic)
 from common.statuses import Status
-from test.test_worker_task import SETTINGS, SOURCE, Run
+from test.test_worker_task import SETTINGS, SOURCE, RefusingProducer, Run
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker.feed import Record
 from worker.fetch import FetchError
@@ -87,3 +87,20 @@ async def test_the_line_hands_back_what_is_due_and_holds_the_rest_uncommitted():
     line.stop()
     await asyncio.wait_for(running, 5)
     assert producer.on("rejected_messages")[0]["raw"] == "not json"
+
+
+async def test_a_hand_back_kafka_refuses_ends_the_url_in_crawl_errors_and_the_line_goes_on():
+    """Issue 29: a message the broker refuses (too large, invalid) is not waited on."""
+    now = time.time()
+    first = ROBOTS_WAIT_TOPICS[0]
+    request = CrawlRequest("http://h/x", "refused", SOURCE, robots_wait_since=now - 60)
+    feed = FakeFeed([record(first, 0, 0, request.to_json(not_before=now - 1, due=now - 1))])
+    producer = RefusingProducer(source_topic(SOURCE))
+    line = RobotsWaitLine(feed, producer)
+    running = asyncio.create_task(line.run())
+    await asyncio.sleep(0.2)
+    line.stop()
+    await asyncio.wait_for(running, 5)
+    (error,) = producer.on(CRAWL_ERRORS_TOPIC)
+    assert (error["identifier"], error["reason"]) == ("refused", "MessageRefused")
+    assert feed.committed() == {(first, 0): 1}
