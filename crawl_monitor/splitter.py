@@ -194,15 +194,21 @@ class Splitter:
         pending = plan.records
         while pending:
             failed: list[Record] = []
+            rejections: list[Record] = []  # of messages Kafka refuses: resending them would fail forever
 
-            def on_failure(err: KafkaError | None, message: Message, failed: list[Record] = failed) -> None:
+            def on_failure(err: KafkaError | None, message: Message, failed: list[Record] = failed,
+                           rejections: list[Record] = rejections) -> None:
                 if err is not None:  # the producer reports failures only
                     # A message that never reached the broker (timed out in the queue) has a
                     # topic but no partition or offset: only the topic is read.
                     topic = message.topic()
                     if topic is None:
                         raise ValueError(f"a failed delivery without a topic: {err}")
-                    failed.extend(self._unless_refused((topic, message.key(), message.value() or b""), err, plan))
+                    record = (topic, message.key(), message.value() or b"")
+                    if refuses_the_message(err):
+                        rejections.extend(self._rejection(record, err, plan))
+                    else:
+                        failed.append(record)
 
             for topic, key, value in pending:
                 try:
@@ -210,7 +216,7 @@ class Splitter:
                 except KafkaException as exc:  # refused before sending (larger than message.max.bytes)
                     if not refuses_the_message(exc.args[0]):
                         raise
-                    failed.extend(self._unless_refused((topic, key, value), exc.args[0], plan))
+                    rejections.extend(self._rejection((topic, key, value), exc.args[0], plan))
             while self._producer.flush(SPLIT_FLUSH_SECONDS) > 0:
                 if stop.is_set():
                     raise Stopping()
@@ -219,14 +225,11 @@ class Splitter:
                 _report(f"{len(failed)} of {len(pending)} messages not acknowledged; resending them")
                 if stop.wait(1.0):
                     raise Stopping()
-            pending = failed
+            pending = failed + rejections
 
-    def _unless_refused(self, record: Record, err: KafkaError, plan: SplitPlan) -> list[Record]:
-        """What to send again of a record whose delivery failed: itself after an outage; after a
-        refusal of the message itself (too large, invalid) its rejection, as resending it would
-        fail forever and hold the whole batch; nothing if it was a rejection already (logged)."""
-        if not refuses_the_message(err):
-            return [record]
+    def _rejection(self, record: Record, err: KafkaError, plan: SplitPlan) -> list[Record]:
+        """The rejected_messages record for a message Kafka refused (too large, invalid); none if
+        it was a rejection already (logged: there is nowhere else to put it)."""
         topic, _key, value = record
         reason = f"Kafka refused it on {topic}: {err.name()} ({err.str()})"
         if topic == contracts.REJECTED_TOPIC:

@@ -27,10 +27,9 @@ HANDWRITTEN = [
 
 
 def hostile_identifiers() -> list[str]:
-    """Over a hundred distinct identifiers: the handwritten ones, then every dot spelling with
-    every separator spelling, before and after a name."""
+    """About 200 distinct identifiers: the handwritten ones, then every dot spelling with every
+    separator spelling, leading (aiming at another bucket) or inside a name, in turn."""
     made = list(HANDWRITTEN)
-    for dots, sep in itertools.product(DOTS, SEPARATORS):
-        made.append(f"{dots}{sep}{dots}{sep}other{sep}owned")
-        made.append(f"a{sep}{dots}{sep}b")
+    for n, (dots, sep) in enumerate(itertools.product(DOTS, SEPARATORS)):
+        made.append(f"{dots}{sep}{dots}{sep}other{sep}owned" if n % 2 else f"a{sep}{dots}{sep}{dots}{sep}b")
     return list(dict.fromkeys(made))
