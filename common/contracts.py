@@ -10,6 +10,7 @@ import json
 import math
 import re
 import zlib
+from urllib.parse import quote, unquote
 from dataclasses import dataclass
 from datetime import datetime, UTC
 from collections.abc import Callable
@@ -195,6 +196,9 @@ EVENT_FETCH_UNEXPECTED_ERROR = "fetch_unexpected_error"
 EVENT_IMAGE_POOL_BROKEN = "image_pool_broken"
 EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE = "image_shared_memory_unavailable"
 EVENT_INFRA_RETRY = "infra_retry"
+# A downstream (S3, Kafka, Redis) refused one URL's object, message or value: it ends in crawl_errors.
+EVENT_DOWNSTREAM_REFUSED = "downstream_refused"
+EVENT_OUTCOME_UNWRITABLE = "outcome_unwritable"  # and its crawl_errors message was refused too
 EVENT_STATS_REJECTED = "stats_rejected"
 EVENT_TASK_CRASHED = "task_crashed"
 EVENT_WORKER_DRAINING = "worker_draining"
@@ -215,12 +219,13 @@ EVENT_LEVELS = {
     EVENT_CRAWL_HALTED: _WARNING, EVENT_SOURCE_UNKNOWN: _WARNING, EVENT_RETRY_AFTER: _WARNING,
     EVENT_SOURCES_UNAVAILABLE: _WARNING, EVENT_REDIS_VALUE_IGNORED: _WARNING,
     EVENT_MESSAGES_REJECTED: _WARNING, EVENT_TSV_BAD_ROW: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
-    EVENT_INFRA_RETRY: _WARNING, EVENT_WORKER_TOKENS_FORFEITED: _WARNING,
+    EVENT_INFRA_RETRY: _WARNING, EVENT_WORKER_TOKENS_FORFEITED: _WARNING, EVENT_DOWNSTREAM_REFUSED: _WARNING,
     EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
     EVENT_CONSUMER_FLOW_FAILED: _WARNING, EVENT_STATS_REJECTED: _WARNING,
     EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE: _WARNING,
     EVENT_MONITOR_COMPONENT_ERROR: _ERROR, EVENT_HTTP_API_ERROR: _ERROR, EVENT_TASK_CRASHED: _ERROR,
     EVENT_FETCH_UNEXPECTED_ERROR: _ERROR, EVENT_IMAGE_POOL_BROKEN: _ERROR, EVENT_CONSUMER_ERROR: _ERROR,
+    EVENT_OUTCOME_UNWRITABLE: _ERROR,
 }
 
 def utc_now_iso() -> str:
@@ -235,6 +240,36 @@ MAX_SOURCE_LENGTH = 200  # a topic name may be at most 249 characters
 
 
 MAX_UUID_LENGTH = 200  # it names the thumbnail's S3 key
+
+# --- Thumbnail keys (SPEC.md §5, "Thumbnails") --------------------------------
+THUMBNAIL_SUFFIX = ".jpg"
+# The escape that stands for percent-encoding's "%": "!" is kept by every URL parser and store
+# as it is, and no store or proxy decodes it a second time (a "%2F" decoded twice is a "/").
+KEY_ESCAPE = "!"
+# The longest key every store takes: AWS allows 1,024 bytes, but a store that keeps objects as
+# files (SeaweedFS's filer, MinIO) allows 255 bytes per path component, and the key has one.
+MAX_KEY_BYTES = 255
+
+
+def thumbnail_key(identifier: str) -> str:
+    """The S3 key of ``identifier``'s thumbnail in S3_BUCKET: its UTF-8 percent-encoded by the
+    standard library (only ``A-Z a-z 0-9 _ . - ~`` kept), with ``!`` written for ``%``, then
+    ``.jpg``.
+
+    Why this shape: the key holds no ``/``, ``\\``, ``%``, ``?``, ``#`` or non-ASCII character, so
+    no store, proxy or URL parser can read a path segment, a dot segment or a look-alike in it,
+    and it never leaves the bucket; percent-encoding is one-to-one and ``!`` is always escaped
+    (``%21`` becomes ``!21``), so two identifiers never share a key; and a UUID is all kept
+    characters, so it keeps ``{uuid}.jpg``, which downstream systems rely on.
+    """
+    return quote(identifier, safe="").replace("%", KEY_ESCAPE) + THUMBNAIL_SUFFIX
+
+
+def identifier_of_key(key: str) -> str:
+    """The identifier whose thumbnail ``key`` is (the inverse of ``thumbnail_key``)."""
+    if not key.endswith(THUMBNAIL_SUFFIX):
+        raise ValueError(f"not a thumbnail key: {key[:200]!r}")
+    return unquote(key[:-len(THUMBNAIL_SUFFIX)].replace(KEY_ESCAPE, "%"), errors="strict")
 
 
 def _encodable(text: str) -> bool:
@@ -300,6 +335,10 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
         raise InvalidMessage("uuid must be a non-empty string")
     if len(uuid) > MAX_UUID_LENGTH or not uuid.isprintable() or not _encodable(uuid):
         raise InvalidMessage(f"uuid must be printable UTF-8 of at most {MAX_UUID_LENGTH} characters")
+    key_bytes = len(thumbnail_key(uuid))  # ASCII: characters are bytes
+    if key_bytes > MAX_KEY_BYTES:
+        raise InvalidMessage(f"uuid's thumbnail key would be {key_bytes} bytes, past {MAX_KEY_BYTES} (each "
+                             "character but A-Z a-z 0-9 _ . - ~ takes 3 per UTF-8 byte)")
     source = data.get("source")
     if not isinstance(source, str):
         raise InvalidMessage("source must be a string")

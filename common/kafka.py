@@ -129,6 +129,33 @@ class DeliveryFailed(Exception):
     """The broker did not acknowledge a message."""
 
 
+class MessageRefused(DeliveryFailed):
+    """The broker (or the client, before sending) refused this one message: sending it again
+    gets the same answer, and other messages are unaffected. Not an outage."""
+
+    def __init__(self, error: KafkaError):
+        super().__init__(f"{error.name()}: {error.str()}")
+        self.error = error
+
+
+# Errors about one message's content, not the cluster: too large for the client or the topic,
+# a record (or batch) the broker finds invalid, a bad timestamp, a value the client cannot take.
+REFUSED_MESSAGE_ERRORS = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG, KafkaError.INVALID_TIMESTAMP,
+    KafkaError._INVALID_ARG, KafkaError._BAD_MSG,
+})
+
+
+def refuses_the_message(error: object) -> bool:
+    """Whether ``error`` is about the one message (so resending it is pointless)."""
+    return isinstance(error, KafkaError) and error.code() in REFUSED_MESSAGE_ERRORS
+
+
+def delivery_error(error: KafkaError) -> DeliveryFailed:
+    return MessageRefused(error) if refuses_the_message(error) else DeliveryFailed(str(error))
+
+
 class AsyncProducer:
     """A Producer whose ``send`` resolves when the broker acknowledges the message."""
 
@@ -156,7 +183,8 @@ class AsyncProducer:
 
     async def _produce(self, topic: str, value: bytes, key: Any, on_delivery: Callable,
                        partition: int | None = None) -> None:
-        # produce() only enqueues; a full queue raises BufferError, which we wait out.
+        # produce() only enqueues; a full queue raises BufferError, which we wait out. A message
+        # the client refuses outright (larger than message.max.bytes) raises KafkaException.
         while True:
             try:
                 if partition is None:
@@ -166,6 +194,11 @@ class AsyncProducer:
                 return
             except BufferError:
                 await asyncio.sleep(0.05)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if error is not None and refuses_the_message(error):
+                    raise MessageRefused(error) from None
+                raise
 
     async def flush(self, timeout: float = 30.0) -> int:
         """Wait for every queued message; returns how many are still undelivered."""
@@ -184,7 +217,7 @@ def _resolve(future: asyncio.Future[None], err: KafkaError | None) -> None:
     if err is None:
         future.set_result(None)
     else:
-        future.set_exception(DeliveryFailed(str(err)))
+        future.set_exception(delivery_error(err))
 
 
 class AsyncConsumer:

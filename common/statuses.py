@@ -28,6 +28,10 @@ class Status(StrEnum):
     UNIDENTIFIED_IMAGE = "UnidentifiedImageError"  # the body is no image Pillow knows
     DECOMPRESSION_BOMB = "DecompressionBomb"     # more pixels than MAX_IMAGE_PIXELS
     IMAGE_WORKER_CRASHED = "ImageWorkerCrashed"  # the decoder died on it, twice
+    # A downstream of ours refused this one URL's output (not an outage, which is waited out):
+    THUMBNAIL_REFUSED = "ThumbnailRefused"       # S3 answered the thumbnail's PUT with a 4xx about it
+    MESSAGE_REFUSED = "MessageRefused"           # Kafka refused an outcome message (too large, invalid)
+    REDIS_REFUSED = "RedisRefused"               # Redis refused a command on a value of this URL's
 
 
 # The policy. A member is equal to (and hashes as) its text, so these answer for a
@@ -36,7 +40,13 @@ class Status(StrEnum):
 RETRYABLE = frozenset({Status.TIMEOUT, Status.SERVER_DISCONNECTED, Status.CONNECTION_ERROR})
 EXPECTED = frozenset({Status.UNIDENTIFIED_IMAGE, Status.ROBOTS_DISALLOWED})
 # Refused before the image was requested: the windows judge the site's answers to requests.
-NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS, Status.ROBOTS_UNAVAILABLE})
+# So are S3's and Kafka's refusals of one URL's output: they say nothing of the site (nor may
+# a hostile upstream message halt a source through them). Redis's are counted: no message's
+# value reaches Redis unvalidated, so they come from a source's (or origin's) state gone
+# wrong (an operator's SET of the wrong type), and the breaker then halts the source
+# instead of letting every one of its URLs end in crawl_errors.
+NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS, Status.ROBOTS_UNAVAILABLE, Status.THUMBNAIL_REFUSED,
+                            Status.MESSAGE_REFUSED})
 EXPECTED_HTTP = frozenset({200, 404, 410})  # and every 3xx
 # Answers (or silences) that say the site is short of capacity rather than that a URL is
 # bad: they slow a source down (crawl_monitor.adaptive) before the breaker would stop it.

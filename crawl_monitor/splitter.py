@@ -14,6 +14,7 @@ stall the monitor's event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import Counter
@@ -26,7 +27,8 @@ from redis import Redis
 
 from common import contracts
 from common.jsonlog import log_event
-from common.kafka import TopicCreator, consumer_config, coordinates, produce_waiting, producer_config
+from common.kafka import (TopicCreator, consumer_config, coordinates, produce_waiting, producer_config,
+                          refuses_the_message)
 from common.settings import Settings
 from common.protocols import SyncRedis
 from crawl_monitor.constants import (INBOUND_PARTITIONS, SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS,
@@ -165,18 +167,29 @@ class Splitter:
         pending = plan.records
         while pending:
             failed: list[Record] = []
+            rejections: list[Record] = []  # of messages Kafka refuses: resending them would fail forever
 
-            def on_failure(err: KafkaError | None, message: Message, failed: list[Record] = failed) -> None:
+            def on_failure(err: KafkaError | None, message: Message, failed: list[Record] = failed,
+                           rejections: list[Record] = rejections) -> None:
                 if err is not None:  # the producer reports failures only
                     # A message that never reached the broker (timed out in the queue) has a
                     # topic but no partition or offset: only the topic is read.
                     topic = message.topic()
                     if topic is None:
                         raise ValueError(f"a failed delivery without a topic: {err}")
-                    failed.append((topic, message.key(), message.value() or b"", message.partition()))
+                    record = (topic, message.key(), message.value() or b"", message.partition())
+                    if refuses_the_message(err):
+                        rejections.extend(self._rejection(record, err, plan))
+                    else:
+                        failed.append(record)
 
             for topic, key, value, partition in pending:
-                produce_waiting(self._producer, topic, value, key, on_failure, partition)
+                try:
+                    produce_waiting(self._producer, topic, value, key, on_failure, partition)
+                except KafkaException as exc:  # refused before sending (larger than message.max.bytes)
+                    if not refuses_the_message(exc.args[0]):
+                        raise
+                    rejections.extend(self._rejection((topic, key, value, partition), exc.args[0], plan))
             while self._producer.flush(SPLIT_FLUSH_SECONDS) > 0:
                 if stop.is_set():
                     raise Stopping()
@@ -185,7 +198,21 @@ class Splitter:
                 _report(f"{len(failed)} of {len(pending)} messages not acknowledged; resending them")
                 if stop.wait(1.0):
                     raise Stopping()
-            pending = failed
+            pending = failed + rejections
+
+    def _rejection(self, record: Record, err: KafkaError, plan: SplitPlan) -> list[Record]:
+        """The rejected_messages record for a message Kafka refused (too large, invalid); none if
+        it was a rejection already (logged: there is nowhere else to put it)."""
+        topic, key, value, _partition = record
+        reason = f"Kafka refused it on {topic}: {err.name()} ({err.str()})"
+        if topic == contracts.REJECTED_TOPIC:
+            _report(f"{reason}; the rejection is lost", raw=value[:200].decode("utf-8", errors="replace"))
+            return []
+        plan.split, plan.rejected = plan.split - 1, plan.rejected + 1
+        if isinstance(key, bytes) and json.loads(value).get("attempts", 0) == 0:  # our own message, keyed by source
+            plan.new_urls[key.decode()] -= 1  # no URL of the backlog after all
+        plan.first_rejection = plan.first_rejection or reason
+        return [(contracts.REJECTED_TOPIC, None, contracts.rejected_message(self._inbound_topic, value, reason), None)]
 
     def _record(self, plan: SplitPlan) -> None:
         if plan.split:

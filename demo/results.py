@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import botocore.session
 import redis
 
-from common.contracts import CRAWL_ERRORS_TOPIC, rate_limit_key
+from common.contracts import CRAWL_ERRORS_TOPIC, rate_limit_key, thumbnail_key
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
@@ -37,17 +37,18 @@ def write_topics(outcomes: Outcomes, out_dir: Path) -> list[Path]:
 
 
 def download_thumbnails(addresses: StackAddresses, uuids: list[str], folder: Path) -> int:
-    """Fetch ``{uuid}.jpg`` for every success from S3; returns how many were there."""
+    """Fetch each success's thumbnail from S3 into ``folder`` under its key (``{uuid}.jpg`` for a
+    UUID; one safe file name for any identifier); returns how many were there."""
     folder.mkdir(parents=True, exist_ok=True)
     client = botocore.session.get_session().create_client(
         "s3", endpoint_url=addresses.s3_endpoint_url, **DEV_CREDENTIALS)
 
     def fetch(uuid: str) -> bool:
         try:
-            body = client.get_object(Bucket=addresses.s3_bucket, Key=f"{uuid}.jpg")["Body"].read()
+            body = client.get_object(Bucket=addresses.s3_bucket, Key=thumbnail_key(uuid))["Body"].read()
         except client.exceptions.NoSuchKey:
             return False
-        (folder / f"{uuid}.jpg").write_bytes(body)
+        (folder / thumbnail_key(uuid)).write_bytes(body)
         return True
 
     with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:

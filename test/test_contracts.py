@@ -107,3 +107,39 @@ def test_status_policy_as_data_and_the_wire_text_unchanged() -> None:
                                         "RobotsDisallowed"))
     assert not any(is_expected(s) for s in ("500", "429", "403", "Timeout", "ForbiddenAddress", "SomeError"))
     assert not in_windows("ForbiddenAddress") and in_windows("Timeout") and in_windows("404")
+
+
+def test_a_uuid_keeps_its_thumbnail_key_and_other_identifiers_are_escaped() -> None:
+    """SPEC.md §5, "Thumbnails": downstream systems rely on ``{uuid}.jpg``."""
+    assert contracts.thumbnail_key("0b9f6a3e-4b0e-4c8e-9d5a-1f2e3d4c5b6a") == "0b9f6a3e-4b0e-4c8e-9d5a-1f2e3d4c5b6a.jpg"
+    assert contracts.thumbnail_key("0B9F6A3E-4B0E-4C8E-9D5A-1F2E3D4C5B6A") == "0B9F6A3E-4B0E-4C8E-9D5A-1F2E3D4C5B6A.jpg"
+    assert contracts.thumbnail_key("photo_12.v2~x") == "photo_12.v2~x.jpg"
+    assert contracts.thumbnail_key("../../other/owned") == "..!2F..!2Fother!2Fowned.jpg"
+    assert contracts.thumbnail_key("..\\x\\y") == "..!5Cx!5Cy.jpg"
+    assert contracts.thumbnail_key("é") == "!C3!A9.jpg"
+    # "!" is escaped too, so neither of these can take the other's key.
+    assert contracts.thumbnail_key("a!2Fb") == "a!212Fb.jpg" != contracts.thumbnail_key("a/b") == "a!2Fb.jpg"
+    assert contracts.thumbnail_key("a%2Fb") == "a!252Fb.jpg"
+
+
+def test_thumbnail_keys_are_one_to_one() -> None:
+    """Every character class at every position of short strings: no two share a key, and each
+    key gives its identifier back."""
+    alphabet = ["a", "Z", "0", ".", "-", "_", "~", "!", "%", "/", "\\", "?", "#", " ", "2", "F", "é", "\uff0e"]
+    identifiers = [a + b + c for a in alphabet for b in alphabet for c in alphabet]
+    keys = {contracts.thumbnail_key(i) for i in identifiers}
+    assert len(keys) == len(identifiers)
+    assert all(contracts.identifier_of_key(contracts.thumbnail_key(i)) == i for i in identifiers)
+    assert all(re.fullmatch(r"[A-Za-z0-9._~!-]+\.jpg", key) for key in keys)
+
+
+@pytest.mark.parametrize("uuid, accepted", [
+    ("a" * 200, True), ("a/" * 62 + "a", True), ("a/" * 63, False), ("é" * 41, True), ("é" * 42, False),
+    ("字" * 27, True), ("字" * 28, False),
+])
+def test_an_identifier_whose_key_is_past_255_bytes_is_refused(uuid: str, accepted: bool) -> None:
+    if accepted:
+        assert len(contracts.thumbnail_key(parse_crawl_request(msg(uuid=uuid)).uuid)) <= contracts.MAX_KEY_BYTES
+    else:
+        with pytest.raises(InvalidMessage, match="thumbnail key would be"):
+            parse_crawl_request(msg(uuid=uuid))

@@ -6,6 +6,7 @@ import threading
 import zlib
 
 import pytest
+from confluent_kafka import KafkaError
 
 from common import contracts
 from crawl_monitor.splitter import Splitter, Stopping, plan_batch
@@ -141,3 +142,40 @@ def test_a_batch_of_only_rejects_still_commits(capsys) -> None:
     assert [topic for topic, _, _ in producer.delivered] == [contracts.REJECTED_TOPIC]
     assert consumer.commits == [[("inbound", 0, 8)]] and redis.get(contracts.NUM_SPLIT) is None
     assert json.loads(capsys.readouterr().out)["count"] == 1
+
+
+class RefusingProducer(FakeProducer):
+    """The broker refuses every message whose value holds ``marker`` (as too large), every time."""
+
+    def __init__(self, marker: bytes, refuse_rejections: bool = False):
+        super().__init__()
+        self.marker, self.refuse_rejections = marker, refuse_rejections
+
+    def flush(self, timeout: float = 0) -> int:
+        queued, self.queued = self.queued, []
+        for topic, key, value, on_delivery, partition in queued:
+            if self.marker in value and (topic != contracts.REJECTED_TOPIC or self.refuse_rejections):
+                on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE),
+                            FakeMessage(value, -1, topic, key=key, partition=partition or 0))
+            else:
+                self.delivered.append((topic, key, value))
+                self.placed.append(partition)
+        return 0
+
+
+@pytest.mark.parametrize("refuse_rejections", [False, True])
+def test_a_message_the_broker_refuses_is_rejected_not_resent_forever(capsys, refuse_rejections: bool) -> None:
+    """Resending it would get the same answer and hold the batch (and every source) forever."""
+    producer = RefusingProducer(b"u-2", refuse_rejections)
+    splitter, consumer, _, redis, _ = make([[FakeMessage(good(n), n) for n in range(4)]], producer=producer)
+    assert splitter.split_once(threading.Event()) == 3
+    assert sorted(json.loads(value)["uuid"] for topic, _, value in producer.delivered if topic == "urls") == [
+        "u-0", "u-1", "u-3"]
+    rejected = [json.loads(value) for topic, _, value in producer.delivered if topic == contracts.REJECTED_TOPIC]
+    if refuse_rejections:
+        assert rejected == [] and "the rejection is lost" in capsys.readouterr().out
+    else:
+        (record,) = rejected
+        assert json.loads(record["raw"])["uuid"] == "u-2" and "MSG_SIZE_TOO_LARGE" in record["error"]
+    assert consumer.commits == [[("inbound", 0, 4)]] and redis.get(contracts.NUM_SPLIT) == "3"
+    assert redis.get(contracts.urls_split_key("example")) == "3"  # the refused one is no URL of the backlog

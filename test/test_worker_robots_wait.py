@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from common.contracts import CRAWL_ERRORS_TOPIC, URLS_TOPIC, WAIT_TOPICS, CrawlRequest, parse_crawl_request
 from common.statuses import Status
-from test.test_worker_task import SETTINGS, SOURCE, Run
+from test.test_worker_task import SETTINGS, SOURCE, RefusingProducer, Run
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker.feed import Record
 from worker.fetch import FetchError
@@ -98,3 +98,20 @@ def test_a_parked_url_goes_back_to_the_partition_it_came_from() -> None:
     for hostile in (b'{"partition": -1}', b'{"partition": true}', b'{"partition": "3"}', b"[]", b"x", None):
         assert hand_back(hostile, 8) == {}
     assert parse_crawl_request(value) == request  # the extra key is no part of the request
+
+
+async def test_a_hand_back_kafka_refuses_ends_the_url_in_crawl_errors_and_the_line_goes_on():
+    """Issue 29: a message the broker refuses (too large, invalid) is not waited on."""
+    now = time.time()
+    first = WAIT_TOPICS[0]
+    request = CrawlRequest("http://h/x", "refused", SOURCE, robots_wait_since=now - 60)
+    feed = FakeFeed([record(first, 0, 0, request.to_json(not_before=now - 1, due=now - 1))])
+    producer = RefusingProducer(URLS_TOPIC)
+    line = WaitLine(feed, producer)
+    running = asyncio.create_task(line.run())
+    await asyncio.sleep(0.2)
+    line.stop()
+    await asyncio.wait_for(running, 5)
+    (error,) = producer.on(CRAWL_ERRORS_TOPIC)
+    assert (error["identifier"], error["reason"]) == ("refused", "MessageRefused")
+    assert feed.committed() == {(first, 0): 1}

@@ -1,13 +1,20 @@
 """Every outcome path of one URL, with fakes for the fetcher, Kafka, S3 and Redis."""
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
+from confluent_kafka import KafkaError
 from multidict import CIMultiDict
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
+from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_OUTCOME_UNWRITABLE
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
                               resized_key, status_window_key)
+from common.kafka import MessageRefused
 from common.response_times import OVERLOAD_FIELD, bin_of
 from common.settings import Settings
 from test.worker_fakes import (FakeProducer, FakeRedis, FakeThumbnails, exif_jpeg, image_bytes,
@@ -19,6 +26,7 @@ from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
 from worker.stats import Stats
 from worker.metrics import OUTCOME_KINDS, REGISTRY
 from worker.task import ImageTask
+from worker.thumbnails import S3PutFailed, ThumbnailRefused
 
 SOURCE = "example"
 SETTINGS = Settings(target_resolution=64, max_retries=1,
@@ -266,3 +274,93 @@ async def test_each_answer_leaves_its_time_to_first_byte_for_the_back_off(result
         result = Fetched(result.url, result.status, result.headers, result.body, 0.0, ttfb=0.25)
     run = await Run(result)()
     assert response_times(run) == expected
+
+
+# --- A downstream refusing this one URL's output (issue 29) ---------------------------------
+class RefusingThumbnails(FakeThumbnails):
+    """The store refuses the first ``refuse`` uploads with ``error``."""
+
+    def __init__(self, error: Exception, refuse: int = 1_000_000):
+        super().__init__()
+        self.error, self.refuse, self.calls = error, refuse, 0
+
+    async def put(self, uuid: str, jpeg: bytes) -> None:
+        self.calls += 1
+        if self.calls <= self.refuse:
+            raise self.error
+        await super().put(uuid, jpeg)
+
+
+class RefusingProducer(FakeProducer):
+    """Kafka refuses every message to ``topics`` as too large."""
+
+    def __init__(self, *topics: str):
+        super().__init__()
+        self.topics = topics
+
+    async def send(self, topic: str, value: bytes, key=None, partition=None) -> None:
+        if topic in self.topics:
+            raise MessageRefused(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        await super().send(topic, value, key, partition)
+
+
+def logged(out: str, event: str) -> list[dict]:
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [line for line in lines if line["event"] == event]
+
+
+async def test_a_thumbnail_the_store_refuses_ends_the_url_in_crawl_errors_at_once(capsys) -> None:
+    """S3's 400 about this object is the URL's outcome, not an outage: no wait, no retry, and
+    kept out of the breaker's windows (the site answered well)."""
+    run = Run(ok(image_bytes("JPEG")))
+    run.task._thumbnails = RefusingThumbnails(ThumbnailRefused(400, "InvalidRequest", "Invalid Request"))
+    await asyncio.wait_for(run(), 1.0)
+    assert set(run.outcomes()) == {CRAWL_ERRORS_TOPIC}
+    (error,) = run.producer.on(CRAWL_ERRORS_TOPIC)
+    assert (error["reason"], error["status"], error["identifier"]) == ("ThumbnailRefused", 400, "uuid-1")
+    assert run.redis.integer(errors_key(SOURCE, "ThumbnailRefused")) == 1 and run.last_statuses() == []
+    out = capsys.readouterr().out
+    assert logged(out, EVENT_INFRA_RETRY) == []
+    (line,) = logged(out, EVENT_DOWNSTREAM_REFUSED)
+    assert line["what"] == "s3_put" and line["identifier"] == "uuid-1" and "InvalidRequest" in line["error"]
+
+
+async def test_a_store_wide_s3_failure_is_still_waited_out(monkeypatch) -> None:
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
+    run = Run(ok(image_bytes("JPEG")))
+    run.task._thumbnails = RefusingThumbnails(S3PutFailed("HTTP 403 SignatureDoesNotMatch"), refuse=2)
+    await run()
+    assert set(run.outcomes()) == {METADATA_TOPIC} and "uuid-1" in run.task._thumbnails.stored
+
+
+@pytest.mark.parametrize("topic, result", [
+    (METADATA_TOPIC, ok(exif_jpeg())),       # the EXIF message (or the quality message) too large
+    (LINK_ROT_TOPIC, ok(b"", 404)),
+    (INBOUND_TOPIC, ok(b"", 503)),           # the retry
+])
+async def test_a_message_kafka_refuses_ends_the_url_in_crawl_errors(topic: str, result: Fetched) -> None:
+    run = Run(result, producer=RefusingProducer(topic))
+    await asyncio.wait_for(run(), 1.0)
+    assert set(run.outcomes()) == {CRAWL_ERRORS_TOPIC}
+    (error,) = run.producer.on(CRAWL_ERRORS_TOPIC)
+    assert (error["reason"], error["status"]) == ("MessageRefused", None)
+    assert run.redis.integer(errors_key(SOURCE, "MessageRefused")) == 1
+
+
+async def test_a_refused_crawl_errors_message_is_logged_whole_not_waited_on(capsys) -> None:
+    run = Run(ok(b"", 403), producer=RefusingProducer(CRAWL_ERRORS_TOPIC))
+    await asyncio.wait_for(run(), 1.0)
+    (line,) = logged(capsys.readouterr().out, EVENT_OUTCOME_UNWRITABLE)
+    assert (line["identifier"], line["url"], line["reason"]) == ("uuid-1", "http://example.org/a.jpg", "MessageRefused")
+    assert run.redis.integer(errors_key(SOURCE, "MessageRefused")) == 1
+
+
+async def test_a_redis_error_about_a_value_ends_the_url_and_one_about_the_server_is_waited_out(monkeypatch) -> None:
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
+    wrong_type = ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+    run = await asyncio.wait_for(Run(ok(image_bytes("JPEG")), redis_down_for=1, outage=lambda _: wrong_type)(), 1.0)
+    assert run.producer.on(CRAWL_ERRORS_TOPIC)[0]["reason"] == "RedisRefused"
+    assert run.last_statuses() == ["RedisRefused"]  # a source whose state is broken is halted, not emptied
+    for outage in (OutOfMemoryError, ReadOnlyError, lambda text: ResponseError(f"MISCONF {text}")):
+        run = await Run(ok(image_bytes("JPEG")), redis_down_for=2, outage=outage)()
+        assert set(run.outcomes()) == {METADATA_TOPIC}

@@ -4,8 +4,12 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime
 
+from urllib.parse import urlsplit
+
+import aiohttp
 import botocore.auth
 import pytest
+from aiohttp import web
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
@@ -13,7 +17,8 @@ from common.settings import Settings
 from devstack.servers import DEV_CREDENTIALS
 from test.conftest import BUCKET
 from worker.constants import S3_PRESIGN_SECONDS
-from worker.thumbnails import CONTENT_TYPE, S3PutFailed, put_signer, s3_thumbnails
+from worker.thumbnails import (CONTENT_TYPE, S3PutFailed, S3Thumbnails, ThumbnailRefused, concerns_the_object,
+                               put_signer, s3_error_code, s3_thumbnails)
 
 
 def s3_settings(endpoint: str, bucket: str = BUCKET) -> Settings:
@@ -57,3 +62,65 @@ async def test_signed_urls_are_the_clients_own_byte_for_byte(monkeypatch, endpoi
                 "put_object", Params={"Bucket": "thumbs", "Key": key, "ContentType": CONTENT_TYPE},
                 ExpiresIn=S3_PRESIGN_SECONDS)
             assert await signer.url(key) == expected
+
+
+@pytest.mark.parametrize("status, code, the_object", [
+    (400, "InvalidRequest", True), (400, "KeyTooLongError", True), (400, "InvalidArgument", True),
+    (411, "MissingContentLength", True), (413, "EntityTooLarge", True), (400, "", True),
+    (403, "SignatureDoesNotMatch", False), (403, "AccessDenied", False), (403, "RequestTimeTooSkewed", False),
+    (400, "ExpiredToken", False), (400, "RequestTimeout", False), (404, "NoSuchBucket", False),
+    (429, "", False), (503, "SlowDown", False), (500, "InternalError", False), (301, "PermanentRedirect", False),
+    (400, "AuthorizationHeaderMalformed", False), (409, "OperationAborted", False),
+])
+def test_only_a_4xx_about_the_object_is_the_urls_outcome(status: int, code: str, the_object: bool) -> None:
+    """Credentials, the clock, the bucket, throttling, redirects and 5xx would fail every upload alike."""
+    assert concerns_the_object(status, code) is the_object
+
+
+def test_the_error_code_is_read_from_the_s3_error_document() -> None:
+    body = '<?xml version="1.0"?><Error><Code>KeyTooLongError</Code><Message>Your key is too long.</Message></Error>'
+    assert s3_error_code(body) == "KeyTooLongError" and s3_error_code("<html>gateway</html>") == ""
+
+
+async def test_a_key_the_store_refuses_is_refused_not_retried(s3_endpoint: str) -> None:
+    """A key past the store's 255 bytes (the splitter refuses such identifiers): a 400 about the object."""
+    async with s3_thumbnails(s3_settings(s3_endpoint)) as thumbnails:
+        with pytest.raises(ThumbnailRefused) as refused:
+            await thumbnails.put("a" * 300, b"jpeg")
+    assert refused.value.status == 400 and refused.value.code == "KeyTooLongError"
+
+
+async def test_the_url_sent_is_byte_for_byte_the_url_signed() -> None:
+    """yarl would re-quote the URL and resolve its dot segments; the request line must carry the
+    signed path and query as they are (the credential's ``%2F`` stays encoded too)."""
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.Response(status=200)
+    app = web.Application()
+    app.router.add_route("PUT", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        settings = Settings(s3_endpoint_url=f"http://127.0.0.1:{port}", s3_bucket="thumbs",
+                            aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="secret")
+        signer = await put_signer(settings)
+        signed: list[str] = []
+        sign = signer.url
+
+        async def recording(key: str) -> str:
+            signed.append(await sign(key))
+            return signed[-1]
+        signer.url = recording  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as session:
+            thumbnails = S3Thumbnails(signer, session)
+            for identifier in ("../../other/owned", "a/./b", "a!b", "\uff0e\uff0e\uff0fx"):
+                await thumbnails.put(identifier, b"jpeg")
+    finally:
+        await runner.cleanup()
+    assert seen == [f"{urlsplit(url).path}?{urlsplit(url).query}" for url in signed]
+    assert seen[0].startswith("/thumbs/..%212F..%212Fother%212Fowned.jpg?") and "%2F" in seen[0]

@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from common.contracts import (HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, InvalidMessage,
-                              parse_crawl_request, rejected_message)
+from common.contracts import (CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, InvalidMessage,
+                              crawl_error_message, parse_crawl_request, rejected_message)
+from common.statuses import Status
 from common.protocols import MessageProducer
 from worker.constants import HALTED_RESCAN_SECONDS, POLL_BATCH, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
-from worker.task import persist
+from worker.task import deliver
 from worker.waiting import hand_back
 
 
@@ -121,7 +122,7 @@ class HaltedLine:
             request = parse_crawl_request(record.value)
         except InvalidMessage as exc:
             message = rejected_message(record.topic, record.value, str(exc))
-            await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+            await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
             return
         value, place = record.value or b"", {}
         if request.source in halted:
@@ -130,4 +131,7 @@ class HaltedLine:
         else:
             topic, value, place = URLS_TOPIC, request.to_json(), hand_back(record.value, self._url_partitions)
             self.handed_back += 1
-        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, request.source, **place))
+        if not await deliver(self._producer, topic, value, request.source, place.get("partition"),
+                             identifier=request.uuid):
+            error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
+            await deliver(self._producer, CRAWL_ERRORS_TOPIC, error, identifier=request.uuid)

@@ -25,7 +25,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Pro
                                start_http_server)
 from redis.exceptions import RedisError
 
-from common.contracts import EVENT_WORKER_METRICS_STARTED, LINK_ROT_TOPIC
+from common.contracts import EVENT_WORKER_METRICS_STARTED, HALTED_URLS_TOPIC, LINK_ROT_TOPIC
 from common.jsonlog import log_event
 from worker.constants import DOWNLOAD_BUCKETS, FIRST_BYTE_BUCKETS, METRICS_SAMPLE_SECONDS
 
@@ -76,10 +76,11 @@ REBALANCES = Counter("crawler_worker_rebalances", "Partition assignments receive
 SINCE_REBALANCE = Gauge("crawler_worker_seconds_since_rebalance", "Seconds since this worker's partitions last "
                         "changed (or it joined), by consumer group.", ["group"], registry=REGISTRY)
 # Where a parked URL waits (issue 26): a wait topic for its turn, or urls_halted for a resume.
-PARK_PLACES = ("wait", "halted")
+PARK_PLACES = ("wait", HALTED_URLS_TOPIC)
+PARKED_TO_WAIT, PARKED_TO_HALTED = PARK_PLACES
 PARKED = Counter("crawler_worker_parked_urls", "URLs read from urls that their source could not take now, written "
                  "to wait in Kafka (two messages read and two written more than a URL crawled at once): "
-                 "wait (its queue full, paused or temp_halted) or halted (urls_halted).", ["to"],
+                 "wait (its queue full, paused or temp_halted) or urls_halted (halted).", ["to"],
                  registry=REGISTRY)
 INFRA_RETRIES = Counter("crawler_worker_infra_retries", "Calls to our own infrastructure retried (the task "
                         "waits, infra_retry in the log): redis, kafka, s3, memory (a body's segment).",

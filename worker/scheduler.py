@@ -30,13 +30,15 @@ from collections.abc import Awaitable, Callable
 
 from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
                               EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED)
-from common.contracts import (ACTIVE_SOURCES, HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, CrawlRequest,
+from common.contracts import (ACTIVE_SOURCES, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC,
+                              CrawlRequest, crawl_error_message,
                               InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.source_sets import read_halts
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
+from common.statuses import Status
 from worker import metrics
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, DEMAND_INTERVAL,
@@ -45,7 +47,7 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LAT
                               QUEUE_UNRATED, REFRESH_INTERVAL)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
-from worker.task import persist
+from worker.task import deliver
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
 from worker.waiting import parked_message, wait_message
 
@@ -221,7 +223,7 @@ class Scheduler:
 
     async def _reject(self, record: Record, error: str) -> float:
         message = rejected_message(record.topic, record.value, error)
-        await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+        await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
         metrics.outcome(metrics.REJECTED)
         return 0.0
 
@@ -237,7 +239,7 @@ class Scheduler:
         self.parked += 1
         if source in self.halted:
             topic, value = HALTED_URLS_TOPIC, parked_message(job.request, job.tp[1])
-            metrics.parked("halted")
+            metrics.parked(metrics.PARKED_TO_HALTED)
         else:
             now = self._clock()
             rate = self.rates.get(source, 0.0)
@@ -248,13 +250,16 @@ class Scheduler:
                 not_before = max(self._park_at.get(source, 0.0), now + ahead) + 1.0 / rate
                 self._park_at[source] = not_before
             topic, value = wait_message(job.request, not_before, now, job.tp[1])
-            metrics.parked("wait")
+            metrics.parked(metrics.PARKED_TO_WAIT)
         self._parking += 1
-        self._spawn(job, None, self._send_parked(topic, value, source))
+        self._spawn(job, None, self._send_parked(topic, value, job.request))
 
-    async def _send_parked(self, topic: str, value: bytes, source: str) -> float:
+    async def _send_parked(self, topic: str, value: bytes, request: CrawlRequest) -> float:
+        """A park Kafka refuses (the message grew too large with its wait fields) ends the URL."""
         try:
-            await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, source))
+            if not await deliver(self._producer, topic, value, request.source, identifier=request.uuid):
+                error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
+                await deliver(self._producer, CRAWL_ERRORS_TOPIC, error, identifier=request.uuid)
         finally:
             self._parking -= 1
         return 0.0

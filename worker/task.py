@@ -11,7 +11,12 @@ the scheduler can commit the message's offset.
 
 Failures of our own infrastructure (Kafka, S3, Redis) are never a URL's
 outcome: the task waits them out (``persist``) and is cancelled, uncommitted,
-if the worker stops first.
+if the worker stops first. A refusal of this one URL's output is not such a
+failure, and waiting it out would hold the task (and its partition's commits)
+forever: S3 refusing the thumbnail's object, Kafka refusing one message (too
+large, invalid), Redis refusing a value. It ends the URL in ``crawl_errors``
+(``ThumbnailRefused``, ``MessageRefused``, ``RedisRefused``); only the last is
+in the breaker's windows (``common.statuses.NOT_IN_WINDOWS`` says why).
 """
 from __future__ import annotations
 
@@ -23,11 +28,13 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from redis.exceptions import RedisError
 
-from common.contracts import EVENT_INFRA_RETRY
+from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_OUTCOME_UNWRITABLE
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               CrawlRequest, crawl_error_message, exif_message, link_rot_message,
                               quality_message)
 from common.jsonlog import log_event
+from common.kafka import MessageRefused
+from common.redis_client import refuses_the_value
 from common.settings import Settings
 from common.statuses import Status, in_windows, is_retryable
 from common.protocols import MessageProducer
@@ -35,7 +42,7 @@ from worker import metrics
 from worker.constants import INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES
 from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
-from worker.thumbnails import ThumbnailStore
+from worker.thumbnails import ThumbnailRefused, ThumbnailStore
 from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.robots import product_token
 from worker.politeness.robots_tag import applicable_directives, forbids_thumbnail
@@ -46,18 +53,59 @@ T = TypeVar("T")
 Analyze = Callable[[Body, int], Awaitable[Analysis]]  # the body, the thumbnail's target size
 
 
+class Refusal(Exception):
+    """A downstream refused this one message, object or value: the same call would get the same
+    answer, and other calls are unaffected. Raised by ``persist`` instead of retrying."""
+
+    def __init__(self, status: Status, http_status: int | None, what: str, error: str):
+        super().__init__(f"{what}: {error}")
+        self.status = status
+        self.http_status = http_status  # S3's answer; None for Kafka and Redis
+        self.what = what
+        self.error = error
+
+
+def refusal(what: str, exc: Exception) -> Refusal | None:
+    """The Refusal ``exc`` stands for, or None for an outage (unreachable, 5xx, throttled, ...)."""
+    error = repr(exc)[:500]
+    if isinstance(exc, ThumbnailRefused):
+        return Refusal(Status.THUMBNAIL_REFUSED, exc.status, what, error)
+    if isinstance(exc, MessageRefused):
+        return Refusal(Status.MESSAGE_REFUSED, None, what, error)
+    if refuses_the_value(exc):
+        return Refusal(Status.REDIS_REFUSED, None, what, error)
+    return None
+
+
 async def persist(what: str, operation: Callable[[], Awaitable[T]],
                   retry_on: tuple[type[Exception], ...] = (Exception,)) -> T:
-    """Run ``operation`` until it succeeds, backing off: for calls to our own infrastructure."""
+    """Run ``operation`` until it succeeds, backing off: for calls to our own infrastructure.
+    A refusal of the one call (``refusal``) is raised as a Refusal, never retried."""
     delay = INFRA_RETRY_FIRST_DELAY
     while True:
         try:
             return await operation()
         except retry_on as exc:
+            refused = refusal(what, exc)
+            if refused is not None:
+                raise refused from exc
             log_event(EVENT_INFRA_RETRY, what=what, error=repr(exc)[:500], retry_in=delay)
             metrics.infra_retry(what, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, INFRA_RETRY_MAX_DELAY)
+
+
+async def deliver(producer: MessageProducer, topic: str, value: bytes, key: str | None = None,
+                  partition: int | None = None, **context: Any) -> bool:
+    """Send ``value``, waiting out outages; False (and a ``downstream_refused`` line naming
+    ``context``) if Kafka refuses this message, which no wait would change."""
+    try:
+        await persist(f"kafka_send:{topic}", lambda: producer.send(topic, value, key, partition))
+        return True
+    except Refusal as refused:
+        log_event(EVENT_DOWNSTREAM_REFUSED, what=refused.what, status=refused.status, error=refused.error,
+                  **context)
+        return False
 
 
 class ImageTask:
@@ -77,6 +125,15 @@ class ImageTask:
     async def process(self, request: CrawlRequest) -> float:
         """Crawl ``request`` to its outcome; returns the seconds of work (token waits excluded)."""
         started = time.monotonic()
+        try:
+            token_wait = await self._crawl(request)
+        except Refusal as refused:
+            token_wait = 0.0
+            await self._refused(request, refused)
+        return time.monotonic() - started - token_wait
+
+    async def _crawl(self, request: CrawlRequest) -> float:
+        """The outcome of ``request``; returns the seconds spent waiting for tokens."""
         token_wait = 0.0
         try:
             # Tokens and robots.txt live in Redis; a body needs memory for its segment.
@@ -94,7 +151,24 @@ class ImageTask:
             else:
                 await self._fail(request, exc.status, exc.http_status,
                                  windows=in_windows(exc.status))
-        return time.monotonic() - started - token_wait
+        return token_wait
+
+    async def _refused(self, request: CrawlRequest, refused: Refusal) -> None:
+        """End the URL whose output a downstream refused in ``crawl_errors``; if that message is
+        refused too, the outcome cannot be written: say so in the log (with the whole URL)."""
+        log_event(EVENT_DOWNSTREAM_REFUSED, what=refused.what, status=refused.status,
+                  http_status=refused.http_status, identifier=request.uuid, source=request.source,
+                  error=refused.error)
+        try:
+            if refused.what != f"kafka_send:{CRAWL_ERRORS_TOPIC}":
+                await self._fail(request, refused.status, refused.http_status,
+                                 windows=in_windows(refused.status))
+                return
+        except Refusal as again:
+            refused = again
+        log_event(EVENT_OUTCOME_UNWRITABLE, identifier=request.uuid, url=request.url, source=request.source,
+                  reason=refused.status, error=refused.error)
+        await self._record(request.source, refused.status, success=False, windows=in_windows(refused.status))
 
     async def _fetched(self, request: CrawlRequest, fetched: Fetched) -> None:
         status = fetched.status

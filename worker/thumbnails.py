@@ -1,4 +1,4 @@
-"""Thumbnail storage: ``{uuid}.jpg`` in S3_BUCKET.
+"""Thumbnail storage: ``common.contracts.thumbnail_key(uuid)`` (``{uuid}.jpg`` for a UUID) in S3_BUCKET.
 
 Each upload is a SigV4 presigned PUT sent by a plain aiohttp session of its
 own. ``put_object`` would do both, but its request pipeline (event hooks,
@@ -11,23 +11,33 @@ style, AWS or an S3-compatible store), and each upload is then signed by
 botocore's own S3 presigner, ``S3SigV4QueryAuth``, with credentials frozen per
 upload, so that instance-role refreshes apply. A test holds the two URLs equal.
 
+The URL is sent exactly as it was signed (``yarl.URL(..., encoded=True)``):
+by default yarl re-quotes a URL and resolves its dot segments, so a key with
+``../`` in it was signed for one path and sent to another, in another bucket.
+The store's answer says whether it concerns the whole store (credentials,
+clock, throttling, the bucket, an outage: ``S3PutFailed``, waited out) or
+only this object (``ThumbnailRefused``, the URL's outcome).
+
 The session is not the crawl's: that one refuses private addresses, where
 an S3-compatible store usually lives.
 """
 from __future__ import annotations
 
+import re
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 from collections.abc import AsyncIterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
+import yarl
 from aiobotocore.config import AioConfig
 from aiobotocore.credentials import AioCredentials
 from aiobotocore.session import get_session
 from botocore.auth import S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 
+from common.contracts import thumbnail_key
 from common.settings import Settings
 from worker.constants import S3_MAX_CONNECTIONS, S3_PRESIGN_SECONDS, S3_PUT_TIMEOUT
 
@@ -36,7 +46,44 @@ _TEMPLATE_KEY = "key-template"
 
 
 class S3PutFailed(Exception):
-    """The store answered an upload with an error status; the task retries it (``persist``)."""
+    """The store cannot take uploads now (5xx, throttling, credentials, clock skew, no bucket,
+    a redirect to another endpoint): every upload would fail alike, so the task waits (``persist``)."""
+
+
+class ThumbnailRefused(Exception):
+    """The store refused this one object (a 4xx about the request): the URL's outcome, not an outage."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"HTTP {status} {code}: {message}")
+        self.status = status
+        self.code = code
+
+
+# 4xx answers that are about the store, not the object: the credentials, the clock, the bucket,
+# a slow connection or throttling (S3's error codes; 401, 403, 408 and 429 whatever the code).
+# Every other upload would get the same answer, so these are waited out like a 5xx.
+STORE_WIDE_STATUSES = frozenset({401, 403, 408, 429})
+STORE_WIDE_CODES = frozenset({
+    "AccessDenied", "AccountProblem", "AllAccessDisabled", "AuthorizationHeaderMalformed",
+    "AuthorizationQueryParametersError", "ExpiredToken", "InvalidAccessKeyId", "InvalidToken",
+    "NoSuchBucket", "OperationAborted", "RequestTimeTooSkewed", "RequestTimeout", "SignatureDoesNotMatch",
+    "SlowDown", "Throttling", "ThrottlingException", "TokenRefreshRequired", "TooManyRequests",
+    "RequestLimitExceeded", "InvalidBucketState", "ServiceUnavailable", "InternalError",
+})
+_ERROR_CODE = re.compile(r"<Code>([^<]{1,100})</Code>")
+
+
+def s3_error_code(body: str) -> str:
+    """The ``<Code>`` of an S3 error document; "" if there is none."""
+    found = _ERROR_CODE.search(body)
+    return found.group(1) if found else ""
+
+
+def concerns_the_object(status: int, code: str) -> bool:
+    """Whether an S3 answer to a PUT refuses this object only (a 4xx that is not about
+    credentials, the clock, the bucket or throttling). 3xx (another region or endpoint) and
+    5xx concern every upload."""
+    return 400 <= status < 500 and status not in STORE_WIDE_STATUSES and code not in STORE_WIDE_CODES
 
 
 class PutSigner:
@@ -51,6 +98,7 @@ class PutSigner:
         self._region = region
 
     async def url(self, key: str) -> str:
+        """The presigned URL, percent-encoded as signed: send it with ``yarl.URL(url, encoded=True)``."""
         scheme, netloc, prefix = self._base
         request = AWSRequest(method="PUT", url=urlunsplit((scheme, netloc, prefix + quote(key, safe="/~"), "", "")),
                              headers={"Content-Type": CONTENT_TYPE})
@@ -71,11 +119,17 @@ class S3Thumbnails:
         self._session = session
 
     async def put(self, uuid: str, jpeg: bytes) -> None:
-        url = await self._signer.url(f"{uuid}.jpg")
-        async with self._session.put(url, data=jpeg, headers={"Content-Type": CONTENT_TYPE}) as response:
-            if response.status != 200:
-                raise S3PutFailed(f"HTTP {response.status}: {(await response.text())[:300]}")
-            await response.read()  # the connection goes back to the pool only once drained
+        url = yarl.URL(await self._signer.url(thumbnail_key(uuid)), encoded=True)  # sent as signed
+        async with self._session.put(url, data=jpeg, headers={"Content-Type": CONTENT_TYPE},
+                                     allow_redirects=False) as response:
+            if response.status == 200:
+                await response.read()  # the connection goes back to the pool only once drained
+                return
+            body = (await response.text(errors="replace"))[:2000]
+        code = s3_error_code(body)
+        if concerns_the_object(response.status, code):
+            raise ThumbnailRefused(response.status, code, body[:300])
+        raise S3PutFailed(f"HTTP {response.status} {code}: {body[:300]}")
 
 
 async def put_signer(settings: Settings) -> PutSigner:

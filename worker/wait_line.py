@@ -7,14 +7,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from common.contracts import (REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMessage, parse_crawl_request,
-                              rejected_message)
+from common.contracts import (CRAWL_ERRORS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMessage,
+                              crawl_error_message, parse_crawl_request, rejected_message)
 from common.protocols import MessageProducer
+from common.statuses import Status
 from worker import metrics
 from worker.constants import POLL_BATCH, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
 from worker.waiting import hand_back, wait_message, wait_times
-from worker.task import persist
+from worker.task import deliver
 
 
 class WaitLine:
@@ -67,7 +68,7 @@ class WaitLine:
             request = parse_crawl_request(record.value)
         except InvalidMessage as exc:
             message = rejected_message(record.topic, record.value, str(exc))
-            await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
+            await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
             metrics.outcome(metrics.REJECTED)
             return
         not_before = wait_times(record.value)[1]
@@ -77,4 +78,7 @@ class WaitLine:
             place = {}
         else:
             topic, value = URLS_TOPIC, request.to_json()
-        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, request.source, **place))
+        if not await deliver(self._producer, topic, value, request.source, place.get("partition"),
+                             identifier=request.uuid):
+            error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
+            await deliver(self._producer, CRAWL_ERRORS_TOPIC, error, identifier=request.uuid)
