@@ -58,10 +58,10 @@ def split(identifiers: list[str]) -> tuple[list[str], dict[str, str]]:
     messages = [FakeMessage(json.dumps({"url": "https://example.org/a.jpg", "uuid": identifier,
                                         "source": "example"}).encode(), n)
                 for n, identifier in enumerate(identifiers)]
-    plan = plan_batch(messages, INBOUND_TOPIC)
-    accepted = [json.loads(value)["uuid"] for topic, _, value in plan.records if topic != REJECTED_TOPIC]
+    plan = plan_batch(messages, INBOUND_TOPIC, 8)
+    accepted = [json.loads(value)["uuid"] for topic, _, value, _ in plan.records if topic != REJECTED_TOPIC]
     refused = {}
-    for topic, _, value in plan.records:
+    for topic, _, value, _ in plan.records:
         if topic == REJECTED_TOPIC:
             record = json.loads(value)
             refused[json.loads(record["raw"])["uuid"]] = record["error"]
