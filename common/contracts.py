@@ -139,6 +139,9 @@ MONITOR_LEASE = "monitor_lease"
 # (common.response_times), the monitor's verdict per source, and the operator's switch.
 adaptive_key = _keyed("adaptive")           # hash: effective_rate, ceiling, baseline_ms, recent_ms, ...
 adaptive_off_key = _keyed("adaptive_off")   # set (any value): no adaptation for the source
+# The field of adaptive:{source} holding the source's limit (computed or overridden), req/s; workers
+# size a source's queue and the spacing of its parked URLs by it (worker.scheduler).
+ADAPTIVE_CEILING_FIELD = "ceiling"
 
 
 def response_times_key(source: str, bucket_start: int) -> str:

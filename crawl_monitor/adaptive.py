@@ -149,7 +149,8 @@ class Controller:
 
     # --- kept in Redis (adaptive:{source}), so another monitor continues from here
     def saved(self, ceiling: float, enabled: bool) -> dict[str, str]:
-        fields = {"effective_rate": self.rate(ceiling) if enabled else ceiling, "ceiling": ceiling,
+        fields = {"effective_rate": self.rate(ceiling) if enabled else ceiling,
+                  contracts.ADAPTIVE_CEILING_FIELD: ceiling,
                   "multiplier": self.multiplier, "slow_start": int(self.slow_start), "enabled": int(enabled),
                   "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
                   "recent_ms": self.recent_ms,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (adaptive_key, adaptive_off_key, error_statuses_key, errors_key, override_rate_key,
-                              rate_limit_key, resized_key, source_requests_key, tokens_key)
+from common.contracts import (ADAPTIVE_CEILING_FIELD, adaptive_key, adaptive_off_key, error_statuses_key, errors_key,
+                              override_rate_key, rate_limit_key, resized_key, source_requests_key, tokens_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets
 from crawl_monitor.active_sources import Rereads
@@ -55,7 +55,7 @@ async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, 
 
 
 # SourceState's fields read from adaptive:{source}, under the same names there.
-_ADAPTIVE_FIELDS = ("ceiling", "effective_rate", "baseline_ms", "recent_ms")
+_ADAPTIVE_FIELDS = (ADAPTIVE_CEILING_FIELD, "effective_rate", "baseline_ms", "recent_ms")
 
 
 def _whole(number: float | None) -> int | None:

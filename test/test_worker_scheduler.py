@@ -6,7 +6,8 @@ import json
 import time
 from collections import Counter
 
-from common.contracts import (ACTIVE_SOURCES, HALTED, HALTED_URLS_TOPIC, INBOUND_SOURCES, REJECTED_TOPIC,
+from common.contracts import (ACTIVE_SOURCES, ADAPTIVE_CEILING_FIELD, HALTED, HALTED_URLS_TOPIC, INBOUND_SOURCES,
+                              REJECTED_TOPIC, adaptive_key,
                               TEMP_HALTED, URLS_TOPIC, WAIT_TOPICS, CrawlRequest, rate_limit_key)
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker import scheduler as scheduler_module
@@ -306,3 +307,38 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_parks_their
 def test_unusable_rates_count_as_unknown() -> None:
     assert [scheduler_module._as_rate(raw) for raw in ("2.5", "0", "-1", "nan", "inf", "fast", None)] == [
         2.5, 0.0, None, None, None, None, None]
+
+
+async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch) -> None:
+    """A source in its slow start is granted a tenth of its limit: URLs parked 1/grant apart came
+    back minutes after it had reached its limit. Once its limit is read, they are spaced by it."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    feed = FakeFeed(records("a", 100), batch_size=100)
+    redis = await redis_with({"a": 2.0})  # granted 2 req/s of its 20
+    redis.store[adaptive_key("a")] = {ADAPTIVE_CEILING_FIELD: "20.0"}
+    producer = FakeProducer()
+
+    async def handle(request: CrawlRequest) -> float:
+        await asyncio.sleep(60)
+        return 0.0
+
+    def parked() -> list[dict]:
+        return [m for t in WAIT_TOPICS for m in producer.on(t)]
+
+    scheduler = make(feed, redis, handle, producer=producer)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        async with asyncio.timeout(10):
+            while not parked():  # its first URLs parked at its grant's pace; its limit is read next
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+            first = len(parked())
+            feed.records.extend(records("a", 300, first_offset=100))
+            while len(parked()) < first + 200:
+                await asyncio.sleep(0.01)
+    finally:
+        scheduler.stop()
+        await runner
+    waits = [m["not_before"] for m in parked()[first:]]
+    gaps = [round(b - a, 3) for a, b in zip(waits, waits[1:], strict=False)]
+    assert gaps.count(0.05) >= 190, sorted(gaps)[-5:]  # 1/20 s apart, once the limit is known

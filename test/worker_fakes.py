@@ -82,6 +82,10 @@ class FakeRedis:
     async def srem(self, key: str, *members: str) -> None:
         self.store.setdefault(key, set()).difference_update(members)
 
+    async def hget(self, key: str, field: str) -> str | None:
+        value = self.store.get(key, {}).get(field)
+        return None if value is None else str(value)
+
     async def zadd(self, key: str, mapping: dict[str, float], gt: bool = False) -> int:
         scores = self.store.setdefault(key, {})
         for member, score in mapping.items():
@@ -122,6 +126,9 @@ class FakePipeline:
                     mapping = {m: s for m, s in mapping.items() if s > zset.get(m, float("-inf"))}
                 zset.update(mapping)
                 results.append(len(mapping))
+            elif name == "hget":
+                value = store.get(args[0], {}).get(args[1])
+                results.append(None if value is None else str(value))
             elif name == "zremrangebyscore":
                 key, _low, high = args
                 zset = store.setdefault(key, {})

@@ -30,9 +30,9 @@ from collections.abc import Awaitable, Callable
 
 from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
                               EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED)
-from common.contracts import (ACTIVE_SOURCES, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC,
-                              CrawlRequest, crawl_error_message,
-                              InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message)
+from common.contracts import (ACTIVE_SOURCES, ADAPTIVE_CEILING_FIELD, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC,
+                              REJECTED_TOPIC, URLS_TOPIC, CrawlRequest, InvalidMessage, adaptive_key,
+                              crawl_error_message, parse_crawl_request, rate_limit_key, rejected_message)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.source_sets import read_halts
@@ -91,6 +91,8 @@ class Scheduler:
         self._assigned: set[TP] = set()
         self._reading_paused = False               # every partition paused: MAX_QUEUED_URLS reached
         self._park_at: dict[str, float] = {}       # source -> when its next parked URL may go (wall clock)
+        self._limits: dict[str, float] = {}        # source -> its limit (adaptive:{source} ceiling), if parked
+        self._parked_lately: set[str] = set()      # sources parked since the last refresh: their limit is read
         self._demand_told: dict[str, float] = {}   # source -> when active_sources last heard of it here
         self._new_work: set[str] = set()           # sources queued since the last refresh
         self._next_refresh = 0.0
@@ -135,6 +137,13 @@ class Scheduler:
         try:
             sets = await read_halts(self._redis)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
+            parked, self._parked_lately = sorted(self._parked_lately), set()
+            if parked:
+                pipe = self._redis.pipeline(transaction=False)
+                for source in parked:
+                    pipe.hget(adaptive_key(source), ADAPTIVE_CEILING_FIELD)
+                self._limits.update({s: limit for s, raw in zip(parked, await pipe.execute(), strict=True)
+                                     if (limit := _as_rate(raw)) is not None})
             if told:
                 # The regulator grants tokens to the sources active lately: these have work here.
                 await self._redis.zadd(ACTIVE_SOURCES, told, gt=True)
@@ -156,6 +165,7 @@ class Scheduler:
             self.rates.clear()
             self.rates.update(kept)
             self._latency = {s: v for s, v in self._latency.items() if s in working}
+            self._limits = {s: v for s, v in self._limits.items() if s in working}
             self._park_at = {s: t for s, t in self._park_at.items() if t > now}
             self._tokens.forget(working)
         for source in sets.stopped & working:
@@ -242,7 +252,8 @@ class Scheduler:
             metrics.parked(metrics.PARKED_TO_HALTED)
         else:
             now = self._clock()
-            rate = self.rates.get(source, 0.0)
+            rate = self._pace(source)
+            self._parked_lately.add(source)
             if rate <= 0 or source in self._temp_halted:
                 not_before = now + PARK_DEFAULT_SECONDS
             else:
@@ -373,12 +384,19 @@ class Scheduler:
 
     def _queue_limit(self, source: str) -> int:
         """URLs of ``source`` to queue here before the next are parked (constants.QUEUE_SECONDS)."""
-        rate = self.rates.get(source)
-        if rate is None:  # not read yet (a refresh every REFRESH_INTERVAL): no reason to park yet
+        if self.rates.get(source) is None:  # not read yet (a refresh every REFRESH_INTERVAL): no reason to park yet
             return QUEUE_UNRATED
+        rate = self._pace(source)
         by_slots = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
         by_rate = int(rate * QUEUE_SECONDS)
         return min(max(by_slots, by_rate), QUEUE_MAX_PER_SOURCE)
+
+    def _pace(self, source: str) -> float:
+        """The rate a source's queue and parked URLs are sized by: what it is granted now, or its
+        limit if higher. During a slow start the grant climbs from a tenth of the limit within
+        seconds; URLs parked at a tenth's pace came back minutes late, and those parked at the
+        limit's pace come back early at worst (and are parked again: four messages)."""
+        return max(self.rates.get(source, 0.0), self._limits.get(source, 0.0))
 
     async def _commit(self) -> None:
         self._next_commit = time.monotonic() + COMMIT_INTERVAL
