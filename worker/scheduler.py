@@ -93,6 +93,7 @@ class Scheduler:
         self._park_at: dict[str, float] = {}       # source -> when its next parked URL may go (wall clock)
         self._limits: dict[str, float] = {}        # source -> its limit (adaptive:{source} ceiling), if parked
         self._parked_lately: set[str] = set()      # sources parked since the last refresh: their limit is read
+                                                   # (with the sources new here), for _pace
         self._demand_told: dict[str, float] = {}   # source -> when active_sources last heard of it here
         self._new_work: set[str] = set()           # sources queued since the last refresh
         self._next_refresh = 0.0
@@ -137,12 +138,13 @@ class Scheduler:
         try:
             sets = await read_halts(self._redis)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
-            parked, self._parked_lately = sorted(self._parked_lately), set()
-            if parked:
+            # The limits of the sources new here or parked lately (not of every source each time).
+            fresh, self._parked_lately = sorted(self._parked_lately | (self._new_work & working)), set()
+            if fresh:
                 pipe = self._redis.pipeline(transaction=False)
-                for source in parked:
+                for source in fresh:
                     pipe.hget(adaptive_key(source), ADAPTIVE_CEILING_FIELD)
-                self._limits.update({s: limit for s, raw in zip(parked, await pipe.execute(), strict=True)
+                self._limits.update({s: limit for s, raw in zip(fresh, await pipe.execute(), strict=True)
                                      if (limit := _as_rate(raw)) is not None})
             if told:
                 # The regulator grants tokens to the sources active lately: these have work here.
@@ -287,8 +289,7 @@ class Scheduler:
     # --- concurrency ----------------------------------------------------------
     def _reallocate(self) -> None:
         active = set(self._pending) | set(self._inflight)
-        needs = {s: self.rates.get(s, 0.0) * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM
-                 for s in active}
+        needs = {s: self._pace(s) * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM for s in active}
         self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
 
     def _dispatch(self) -> None:
@@ -392,10 +393,12 @@ class Scheduler:
         return min(max(by_slots, by_rate), QUEUE_MAX_PER_SOURCE)
 
     def _pace(self, source: str) -> float:
-        """The rate a source's queue and parked URLs are sized by: what it is granted now, or its
-        limit if higher. During a slow start the grant climbs from a tenth of the limit within
-        seconds; URLs parked at a tenth's pace came back minutes late, and those parked at the
-        limit's pace come back early at worst (and are parked again: four messages)."""
+        """The rate a source's slots, queue and parked URLs are sized by: what it is granted now,
+        or its limit if higher. During a slow start the grant climbs from a tenth of the limit
+        within seconds; URLs parked at a tenth's pace came back minutes late (the restart test:
+        a 6 req/s source crawled at 1 req/s for two minutes), and those parked at the limit's
+        pace come back early at worst (and are parked again: four messages). The tokens, not the
+        slots, keep the site's rate."""
         return max(self.rates.get(source, 0.0), self._limits.get(source, 0.0))
 
     async def _commit(self) -> None:
