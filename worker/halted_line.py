@@ -46,6 +46,7 @@ class HaltedLine:
         self._owned: set[TP] = set()
         self._scan_ends: dict[TP, int] = {}  # partitions being scanned -> where their log ended
         self._empty_polls = 0
+        self._handed_in_scan = 0
         self._seen_halted: frozenset[str] = frozenset()
         self._next_scan = 0.0
         self._stopping = asyncio.Event()
@@ -79,6 +80,7 @@ class HaltedLine:
         ends = await self._feed.high_watermarks(sorted(self._owned))
         self._scan_ends = {tp: end for tp, end in ends.items() if end > 0}
         self._empty_polls = 0
+        self._handed_in_scan = 0
         await self._feed.resume(list(self._scan_ends))
 
     async def _scan(self, records: list[Record], halted: frozenset[str]) -> None:
@@ -116,6 +118,11 @@ class HaltedLine:
             await self._feed.seek(finished)
             for tp in set(finished) | quiet:
                 self._scan_ends.pop(tp, None)
+            if not self._scan_ends and self._handed_in_scan:
+                # Another round at once: an end the broker reported may lag behind its log (tansu's
+                # does), and what lies past it would otherwise wait for the next trigger. A round
+                # that hands nothing back ends them; it costs the still-halted URLs one more pass.
+                self._next_scan = 0.0
 
     async def _place(self, record: Record, halted: frozenset[str]) -> None:
         try:
@@ -131,6 +138,7 @@ class HaltedLine:
         else:
             topic, value, place = URLS_TOPIC, request.to_json(), hand_back(record.value, self._url_partitions)
             self.handed_back += 1
+            self._handed_in_scan += 1
         if not await deliver(self._producer, topic, value, request.source, place.get("partition"),
                              identifier=request.uuid):
             error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
