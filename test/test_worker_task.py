@@ -7,7 +7,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
-                              resized_key, status_window_key)
+                              resized_key, status_window_key, urls_ended_key)
 from common.response_times import OVERLOAD_FIELD, bin_of
 from common.settings import Settings
 from test.worker_fakes import (FakeProducer, FakeRedis, FakeThumbnails, exif_jpeg, image_bytes,
@@ -245,3 +245,18 @@ async def test_each_answer_leaves_its_time_to_first_byte_for_the_back_off(result
         result = Fetched(result.url, result.status, result.headers, result.body, 0.0, ttfb=0.25)
     run = await Run(result)()
     assert response_times(run) == expected
+
+
+@pytest.mark.parametrize("result, attempts, ended", [
+    (ok(image_bytes("JPEG")), 0, 1),            # success
+    (ok(b"", 404), 0, 1),                        # link rot
+    (ok(b"", 403), 0, 1),                        # crawl_errors
+    (FetchError("ForbiddenAddress"), 0, 1),      # crawl_errors, kept out of the windows
+    (ok(b"", 503), 1, 1),                        # retries exhausted: crawl_errors
+    (ok(b"", 503), 0, 0),                        # a retry is no end: it is still in the backlog
+    (FetchError("RobotsUnavailable", retry_at=2e9), 0, 0),  # waiting for robots.txt: no end either
+])
+async def test_only_a_terminal_outcome_leaves_the_backlog(result, attempts: int, ended: int) -> None:
+    """urls_ended:{source} (issue 26) counts each URL's one end, in the outcome's own pipeline."""
+    run = await Run(result, attempts=attempts)()
+    assert run.redis.integer(urls_ended_key(SOURCE)) == ended

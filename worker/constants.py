@@ -63,6 +63,9 @@ HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts
 # Seconds between trims of a source's status windows (status60s/1hr/12hr): trimming on
 # every outcome was a third of its Redis commands (docs/decisions.md).
 STATS_TRIM_INTERVAL = 1.0
+# A source without an outcome this long is forgotten by the worker's stats (its trim and expiry
+# times): the memory follows the sources being crawled, not every source of the day.
+STATS_FORGET_SECONDS = 60.0
 
 # --- Token buckets (worker/tokens.py) -----------------------------------------
 # An empty bucket is polled by one task per source; the interval follows the

@@ -99,7 +99,7 @@ class ImageTask:
         ttfb = fetched.ttfb
         if status in LINK_ROT_STATUSES:
             await self._send(LINK_ROT_TOPIC, link_rot_message(request.uuid))
-            await self._record(request.source, str(status), success=False, ttfb=ttfb)
+            await self._record(request.source, str(status), success=False, ttfb=ttfb, terminal=True)
         elif status == 429 or status >= 500:
             await self._retry_or_fail(request, str(status), status, ttfb)
         elif not 200 <= status < 300:
@@ -124,7 +124,7 @@ class ImageTask:
         await self._send(METADATA_TOPIC, quality_message(
             request.uuid, analysis.width, analysis.height, analysis.compression_quality,
             fetched.size, x_robots_tag=directives))
-        await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb)
+        await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb, terminal=True)
 
     async def _wait_for_robots(self, request: CrawlRequest, retry_at: float) -> None:
         """Send the URL to wait for its robots.txt, or end it once it has waited too long."""
@@ -143,7 +143,7 @@ class ImageTask:
         if request.attempts < self._max_retries:
             retry = replace(request, attempts=request.attempts + 1)
             await self._send(INBOUND_TOPIC, retry.to_json())
-            await self._record(request.source, status, success=False, ttfb=ttfb)
+            await self._record(request.source, status, success=False, ttfb=ttfb, terminal=False)
         else:
             await self._fail(request, status, http_status, ttfb=ttfb)
 
@@ -151,14 +151,16 @@ class ImageTask:
                     windows: bool = True, ttfb: float | None = None) -> None:
         reason = f"HTTP {status}" if status.isdigit() else status
         await self._send(CRAWL_ERRORS_TOPIC, crawl_error_message(request, reason, http_status))
-        await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb)
+        await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb, terminal=True)
 
     async def _send(self, topic: str, value: bytes) -> None:
         await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))
 
     async def _record(self, source: str, status: str, success: bool, windows: bool = True,
-                      ttfb: float | None = None) -> None:
-        await persist("redis_stats", lambda: self._stats.record(source, status, success, windows, ttfb))
+                      ttfb: float | None = None, *, terminal: bool) -> None:
+        """``terminal``: the URL's one outcome (it leaves its source's backlog); False for a retry."""
+        await persist("redis_stats", lambda: self._stats.record(source, status, success, windows, ttfb,
+                                                                terminal=terminal))
 
 
 def _header_values(headers: Mapping[str, str], name: str) -> list[Any]:
