@@ -30,7 +30,8 @@ Endpoints:
   ``crawler_source_halted``, ``crawler_source_temp_halted`` (0 or 1), and the
   adaptive back-off's ``crawler_source_effective_rate_rps``,
   ``crawler_source_response_ms`` (label ``window``: ``baseline`` or ``recent``),
-  ``crawler_source_adaptive`` (0 while switched off).
+  ``crawler_source_adaptive`` (0 while switched off), and ``crawler_source_backlog`` (URLs
+  split and not yet ended: ``urls_split:{source}`` - ``urls_ended:{source}``).
 - ``/status``: the latest ``monitoring_update`` as JSON (its own keys
   unchanged; ``event`` is null before the first one), plus ``sources`` (the
   live per-source state from Redis, with the achieved request rate) and
@@ -111,6 +112,8 @@ class SourcesCollector(Collector):
                                      "lightly loaded baseline, and recent.", labels=["source", "window"])
         adaptive = GaugeMetricFamily("crawler_source_adaptive", "0 while adaptive_off:{source} is set.",
                                      labels=["source"])
+        backlog = GaugeMetricFamily("crawler_source_backlog", "URLs split and not yet ended "
+                                    "(urls_split:{source} - urls_ended:{source}).", labels=["source"])
         for source, state in self.sources.items():
             requests.add_metric([source], state.requests)
             successes.add_metric([source], state.successes)
@@ -128,8 +131,9 @@ class SourcesCollector(Collector):
                 if ms is not None:
                     response.add_metric([source, window], ms)
             adaptive.add_metric([source], int(state.adaptive))
+            backlog.add_metric([source], state.backlog)
         yield from per_source
-        yield from (errors, effective, response, adaptive)
+        yield from (errors, effective, response, adaptive, backlog)
 
 
 def render_metrics(sources: dict[str, SourceState]) -> bytes:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from common.contracts import (adaptive_key, adaptive_off_key, error_statuses_key, errors_key, override_rate_key,
-                              rate_limit_key, resized_key, source_requests_key, tokens_key)
+                              rate_limit_key, resized_key, source_requests_key, tokens_key, urls_ended_key,
+                              urls_split_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets
 from crawl_monitor.active_sources import Rereads
@@ -34,11 +35,20 @@ class SourceState:
     baseline_ms: float | None = None
     recent_ms: float | None = None
     adaptive: bool = True  # False while adaptive_off:{source} is set
+    # URLs split and not yet ended (urls_split - urls_ended): what waits for the source, halted
+    # or not, now that no topic per source shows it as lag (issue 26).
+    backlog: int = 0
 
     @property
     def error_total(self) -> int:
         return sum(self.errors.values())
 
+
+
+def backlog(split: object, ended: object) -> int:
+    """``urls_split - urls_ended``, never below 0: a URL ended twice (at-least-once) or split
+    before the counters existed must not make a source look as if it owed URLs."""
+    return max(0, count(split) - count(ended))
 
 
 async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, int]]:
@@ -76,7 +86,8 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
         return {}
     known = previous or {}
     due = sources if rereads is None else sorted(await rereads.due(redis, sources, known))
-    kinds = (source_requests_key, resized_key, rate_limit_key, override_rate_key, tokens_key, adaptive_off_key)
+    kinds = (source_requests_key, resized_key, rate_limit_key, override_rate_key, tokens_key, adaptive_off_key,
+             urls_split_key, urls_ended_key)
     pipe = redis.pipeline(transaction=False)
     for key_of in kinds:
         pipe.mget([key_of(source) for source in sources])
@@ -88,7 +99,7 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
     adapted = {source: {as_text(k): finite_number(v) for k, v in (raw or {}).items()}
                for source, raw in zip(due, adaptive_states, strict=True)}
     states = {}
-    for source, requests, successes, rate, override, tokens, off in zip(sources, *columns, strict=True):
+    for source, requests, successes, rate, override, tokens, off, split, ended in zip(sources, *columns, strict=True):
         before = known.get(source, SourceState())
         adaptive = adapted[source] if source in adapted else {name: getattr(before, name) for name in _ADAPTIVE_FIELDS}
         states[source] = SourceState(
@@ -99,5 +110,6 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
             halted=source in halted, temp_halted=source in temp_halted,
             **{name: adaptive.get(name) for name in _ADAPTIVE_FIELDS},
             adaptive=off is None,
+            backlog=backlog(split, ended),
         )
     return states

@@ -119,6 +119,7 @@ async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
     assert "178.38" in rows["flickr"] and "override 0.5" in rows["animaldiversity"]
     assert "500×20" in rows["flickr"] and "Timeout×2" in rows["flickr"] and "200×48" in rows["flickr"]
     assert "13,188" in rows["flickr"]
+    assert [cells[s][8] for s in ("flickr", "animaldiversity", "phylopic")] == ["6,790", "0", "9,932"]  # backlog
     assert 10 < float(cells["flickr"][5]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
     # Its limit, what the adaptive back-off allows of it, and the response times it judges by.
     assert cells["flickr"][2:5] == ["200", "178.38", "210 / 450"], rows["flickr"]

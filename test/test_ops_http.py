@@ -45,6 +45,13 @@ async def seed(redis) -> None:
     for source, statuses in {"flickr": ("500", "Timeout"), "animaldiversity": ("503",),
                              "phylopic": ("500",), "retired": ("500",)}.items():
         await redis.sadd(c.error_statuses_key(source), *statuses)
+    # The backlogs (issue 26): flickr has 6,790 URLs to go, halted phylopic 9,932 waiting; animaldiversity
+    # ended more than it was split (URLs ended twice, at-least-once), which is no backlog.
+    await redis.mset({c.urls_split_key("flickr"): 20_000, c.urls_ended_key("flickr"): 13_210,
+                      c.urls_split_key("phylopic"): 10_000, c.urls_ended_key("phylopic"): 68,
+                      c.urls_split_key("animaldiversity"): 40, c.urls_ended_key("animaldiversity"): 41})
+    # Each was crawled just now: the monitor's per-second work covers the sources active lately.
+    await redis.zadd(c.ACTIVE_SOURCES, dict.fromkeys(("flickr", "animaldiversity", "phylopic"), time.time()))
 
 
 def monitoring_update() -> dict[str, Any]:
@@ -107,6 +114,7 @@ async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
     assert value("crawler_source_response_ms", "flickr", window="recent") == 450.2
     assert [value("crawler_source_adaptive", s) for s in ("flickr", "animaldiversity", "phylopic")] == [1, 1, 0]
     assert ("crawler_source_effective_rate_rps", (("source", "animaldiversity"),)) not in samples  # none yet
+    assert [value("crawler_source_backlog", s) for s in ("flickr", "animaldiversity", "phylopic")] == [6790, 0, 9932]
 
 
 async def test_metrics_answer_503_when_redis_is_down() -> None:

@@ -139,6 +139,7 @@ function sourceRow(name, s, specific, now) {
     el("td", { title: `${Math.round(use * 100)}% of the limit` },
       el("div", { class: "bar" }, el("span", { style: `width:${(use * 100).toFixed(0)}%` }))),
     el("td", { class: "num" }, fmt(s.successes, 0)),
+    el("td", { class: "num" }, fmt(s.backlog, 0)),
     errorCell,
     el("td", {}, statusList(specific && specific.last_50_statuses, "statuses")),
     el("td", { class: "num" }, fmt(s.tokens, 0)),
