@@ -28,3 +28,16 @@ async def read_source_sets(redis: Any) -> SourceSets:
     inbound, halted, temp_halted = (frozenset(as_text(m) for m in reply) for reply in replies)
     return SourceSets(inbound, halted, temp_halted)
 
+
+
+async def stopped_among(redis: Any, sources: list[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """Which of ``sources`` are halted and which temporarily halted, by SMISMEMBER: a reply the
+    size of ``sources`` (the active ones), not of every halt ever made (issue 26)."""
+    if not sources:
+        return frozenset(), frozenset()
+    pipe = redis.pipeline(transaction=False)
+    pipe.smismember(HALTED, sources)
+    pipe.smismember(TEMP_HALTED, sources)
+    halted, temp_halted = await pipe.execute()
+    return (frozenset(s for s, member in zip(sources, halted, strict=True) if member),
+            frozenset(s for s, member in zip(sources, temp_halted, strict=True) if member))

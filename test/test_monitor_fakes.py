@@ -65,6 +65,13 @@ class FakeStore:
         current.update(members)
         return added
 
+    def smismember(self, key: str, members: list[str]) -> list[int]:
+        current = self.data.get(key, set())
+        return [int(member in current) for member in members]
+
+    def scard(self, key: str) -> int:
+        return len(self.data.get(key, set()))
+
     def srem(self, key: str, *members: str) -> int:
         current = self.data.get(key, set())
         removed = len(current & set(members))
@@ -116,9 +123,10 @@ class FakeStore:
         zset.update(mapping)
         return added
 
-    def zrangebyscore(self, key: str, low: Any, high: Any) -> list[str]:
+    def zrangebyscore(self, key: str, low: Any, high: Any, withscores: bool = False) -> list:
         zset = self.data.get(key, {})
-        return [m for m, s in sorted(zset.items(), key=lambda kv: kv[1]) if _in_range(s, low, high)]
+        members = [(m, s) for m, s in sorted(zset.items(), key=lambda kv: kv[1]) if _in_range(s, low, high)]
+        return members if withscores else [m for m, _s in members]
 
     def zremrangebyscore(self, key: str, low: Any, high: Any) -> int:
         zset = self.data.get(key, {})
@@ -129,6 +137,40 @@ class FakeStore:
 
     def close(self) -> None:
         self.closed = True
+
+
+class RecordingStore(FakeStore):
+    """A FakeStore that records every command: its name, its arguments and its reply, so a test
+    can say what one second of the monitor read and wrote (issue 26: 100,000 sources)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: list[tuple[str, tuple, Any]] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or name in ("commands", "data", "expiry", "closed", "names", "items_read") \
+                or not callable(attr):
+            return attr
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            reply = attr(*args, **kwargs)
+            super(RecordingStore, self).__getattribute__("commands").append((name, args, reply))
+            return reply
+        return recorded
+
+    def names(self) -> set[str]:
+        """Every key and member the commands were given."""
+        found: set[str] = set()
+        for _name, args, _reply in self.commands:
+            for arg in args:
+                values = arg if isinstance(arg, (list, tuple, set)) else list(arg) if isinstance(arg, dict) else [arg]
+                found.update(str(value) for value in values)
+        return found
+
+    def items_read(self) -> int:
+        """Values, members and fields the replies held (a missing key counts one)."""
+        return sum(len(reply) if isinstance(reply, (list, set, dict)) else 1 for _n, _a, reply in self.commands)
 
 
 class _Pipeline:

@@ -186,7 +186,7 @@ async def test_invalid_message_goes_to_rejected_messages_and_is_committed() -> N
 
 async def test_stop_finishes_requests_in_flight_and_abandons_token_waiters(monkeypatch) -> None:
     feed = FakeFeed(records("a", 4))
-    redis = await redis_with({"a": 1.0})
+    redis = await redis_with({"a": 50.0})  # paced 20 ms apart: both go at once
     await redis.set("currtokens:a", 2)  # two can go; two wait for tokens that never come
     tokens = TokenBuckets(redis)
     finished = []
