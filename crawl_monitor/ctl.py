@@ -22,6 +22,7 @@ from common.contracts import (HALTED, INBOUND_SOURCES, TEMP_HALTED, adaptive_off
                               override_rate_key, tokens_key)
 from common.redis_values import as_text
 from common.settings import load_settings
+from crawl_monitor.constants import BUCKET_TTL_MS
 from crawl_monitor.source_state import SourceState, read_sources
 
 EXIT_REDIS = 1
@@ -128,7 +129,7 @@ async def run(args: argparse.Namespace, redis: aioredis.Redis) -> str:
         # Empty the bucket too, so workers stop now rather than spend this second's tokens.
         pipe = redis.pipeline()
         pipe.sadd(HALTED, source)
-        pipe.set(tokens_key(source), 0)
+        pipe.set(tokens_key(source), 0, px=BUCKET_TTL_MS)  # as the regulator sets it: no key outlives its source
         await pipe.execute()
         return f"{source}: halted; nothing is fetched until `python -m crawl_monitor.ctl resume {source}`"
     # resume: SPEC.md §2's procedure (del statuslast50req, srem halted) plus the temporary halt.

@@ -70,7 +70,9 @@ class Stats:
         now = time.time()
         self._forget_quiet(now)
         pipe.zadd(ACTIVE_SOURCES, {source: now}, gt=True)  # the monitor then re-reads this source
+        trim = False
         if windows:
+            pipe.rpush(last_50_key(source), status)  # second in the pipeline: its reply is read below
             self._response_time(pipe, source, status, ttfb, now)
             member = f"{status}:{os.urandom(6).hex()}"
             trim = now >= self._next_trim.get(source, 0.0)
@@ -87,7 +89,6 @@ class Stats:
                 pipe.hincrby(key, status_count_field(int(now // bucket * bucket), status), 1)
                 if trim:
                     pipe.expire(key, seconds)  # a source that goes quiet leaves nothing behind
-            pipe.rpush(last_50_key(source), status)
             pipe.ltrim(last_50_key(source), -LAST_50_LENGTH, -1)
             if trim:
                 pipe.expire(last_50_key(source), SOURCE_STATE_TTL_SECONDS)
@@ -102,7 +103,12 @@ class Stats:
             pipe.incr(errors_key(source, status))
             pipe.sadd(error_statuses_key(source), status)
         try:
-            await pipe.execute()
+            replies = await pipe.execute()
+            if windows and not trim and replies[1] == 1:
+                # A list made afresh between two trims (``ctl resume`` deleted it): it expires too.
+                renew = self._redis.pipeline(transaction=False)
+                renew.expire(last_50_key(source), SOURCE_STATE_TTL_SECONDS)
+                await renew.execute()
         except ResponseError as exc:  # e.g. an operator left a key of the wrong type: not worth a stall
             log_event(EVENT_STATS_REJECTED, source=source, status=status, error=str(exc)[:300])
 
