@@ -85,6 +85,8 @@ ACTIVE_SOURCES_TICK_SECONDS = 30.0
 # state waits in adaptive:{source}, restored when it comes back).
 ADAPTIVE_ASKED_SECONDS = 5.0
 ADAPTIVE_FORGET_SECONDS = 600.0
+# The dashboard and /metrics show the sources active this recently, and the halted and paused.
+SHOWN_RECENT_SECONDS = 600.0
 # One monitoring_update line lists at most this many sources (halted and paused ones first,
 # then the most recently active) and at most MONITORING_SPECIFIC_BYTES of them; the rest are
 # counted (general.sources_total, sources_listed), so a line stays under 256 KiB.

@@ -13,8 +13,9 @@ from common.contracts import (adaptive_key, adaptive_off_key, error_statuses_key
                               rate_limit_key, resized_key, source_requests_key, tokens_key, urls_ended_key,
                               urls_split_key)
 from common.redis_values import as_text, count, finite_number
-from common.source_sets import read_source_sets
-from crawl_monitor.active_sources import Rereads
+from common.source_sets import read_source_sets, stopped_among
+from crawl_monitor.active_sources import Rereads, active_since
+from crawl_monitor.constants import SHOWN_RECENT_SECONDS
 
 
 @dataclass
@@ -72,16 +73,28 @@ def _whole(number: float | None) -> int | None:
     return None if number is None else int(number)
 
 
+async def shown_sources(redis: Redis, now: float) -> list[str]:
+    """The sources the dashboard and ``/metrics`` show: those active in the last
+    SHOWN_RECENT_SECONDS and every halted or paused one. Reading every source seen took
+    4.5 s of the monitor's loop every 5 s at 100,000 sources, and 15 s a scrape (issue 26)."""
+    sets = await read_source_sets(redis, inbound=False)
+    return sorted(await active_since(redis, now - SHOWN_RECENT_SECONDS) | sets.stopped)
+
+
 async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = None,
-                       rereads: Rereads | None = None) -> dict[str, SourceState]:
-    """Every source in ``inbound_sources`` with its counters, limits and halts.
+                       rereads: Rereads | None = None, among: list[str] | None = None) -> dict[str, SourceState]:
+    """Every source in ``inbound_sources`` (or only those ``among``) with its counters, limits and halts.
 
     With ``previous`` and ``rereads`` (a periodic reader), the per-source reads (the adaptive
     state, the failures by status) are made only for the sources ``rereads`` names; the others
     keep what ``previous`` holds. The rest is one MGET per key kind, whatever the count.
     """
-    sets = await read_source_sets(redis)
-    sources, halted, temp_halted = sorted(sets.inbound), sets.halted, sets.temp_halted
+    if among is None:
+        sets = await read_source_sets(redis)
+        sources, halted, temp_halted = sorted(sets.inbound), sets.halted, sets.temp_halted
+    else:
+        sources = sorted(among)
+        halted, temp_halted = await stopped_among(redis, sources)
     if not sources:
         return {}
     known = previous or {}
