@@ -78,6 +78,8 @@ TOKEN_PEEK_INTERVAL = 0.01
 # A source whose task waits for tokens is scored in active_sources this often: the monitor
 # grants tokens only to sources active in its last ACTIVE_SOURCES_TICK_SECONDS (30 s).
 ACTIVE_HEARTBEAT_SECONDS = 10.0
+# A source no task asked tokens for in this long is forgotten by the worker's TokenBuckets.
+TOKENS_FORGET_SECONDS = 120.0
 # Requests to a source are spaced 1 / rate apart cluster-wide; one may go up to
 # PACE_CATCH_UP_SECONDS ahead of its even slot (a worker that was late catches up), and only
 # if the source's previous floor(rate) + 1 requests were sent at least SEND_WINDOW_SECONDS

@@ -61,7 +61,7 @@ from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from common.redis_values import non_negative
 from worker.constants import (ACTIVE_HEARTBEAT_SECONDS, ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS,
-                              PACE_CATCH_UP_SECONDS, SEND_LOG_MAX,
+                              PACE_CATCH_UP_SECONDS, SEND_LOG_MAX, TOKENS_FORGET_SECONDS,
                               SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS, TOKEN_ANSWER_SMOOTHING,
                               TOKEN_PEEK_INTERVAL, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
 
@@ -163,11 +163,32 @@ class TokenBuckets:
         self._slowest_answer = 0.0
         self._forfeits_reported_at = float("-inf")
         self._marked: dict[str, float] = {}  # source -> when it was last scored as waiting (wall clock)
+        self._used_at: dict[str, float] = {}  # source -> when a token was last asked for (monotonic)
+        self._next_forget = 0.0
         self._next_mark_prune = 0.0
 
     def one_at_a_time(self, source: str) -> asyncio.Lock:
         """Held while a task waits for its token, so a source has one poller at a time."""
+        self._forget_idle()
         return self._locks.setdefault(source, asyncio.Lock())
+
+    def _forget_idle(self) -> None:
+        """Drop what is kept for sources no task has waited for lately: a worker crawling
+        100,000 sites a day must not keep a lock, a pace and a rate for each (issue 26). A
+        forgotten source starts afresh: its rate is read again at its next token, and its pace
+        and send log are in Redis."""
+        now = time.monotonic()
+        if now < self._next_forget:
+            return
+        self._next_forget = now + TOKENS_FORGET_SECONDS
+        idle = [source for source in set(self._locks) | set(self._next_send) | set(self._last_rate)
+                if not (source in self._locks and self._locks[source].locked())
+                and self._next_send.get(source, 0.0) < now - TOKENS_FORGET_SECONDS
+                and self._used_at.get(source, 0.0) < now - TOKENS_FORGET_SECONDS]
+        for source in idle:
+            for kept in (self._locks, self._next_send, self._last_rate, self._used_at):
+                kept.pop(source, None)
+            self._stocked.discard(source)
 
     async def until_available(self, source: str) -> float:
         """Wait until the bucket of ``source`` holds a token (without taking it); returns the seconds waited."""
@@ -265,6 +286,7 @@ class TokenBuckets:
             args=[f"{interval:.6f}", f"{PACE_CATCH_UP_SECONDS:.6f}", str(length), f"{window:.6f}"])
         answered = time.monotonic()
         self._next_send[source] = answered + float(wait)
+        self._used_at[source] = answered
         if left > 0:
             self._stocked.add(source)
         granted = not paced and left >= 0
