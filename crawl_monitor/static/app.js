@@ -172,6 +172,11 @@ async function poll() {
     renderGeneral(update, status.sources);
     renderChart(now);
     renderSources(update, status.sources, now);
+    const omitted = document.getElementById("omitted");
+    omitted.hidden = !status.sources_omitted;
+    omitted.textContent = status.sources_omitted
+      ? `and ${fmt(status.sources_omitted, 0)} more sources with nothing crawled in the last 10 minutes ` +
+        "(python -m crawl_monitor.ctl status lists every source)" : "";
   } catch (err) {
     banner.hidden = false;
     banner.textContent = `Cannot reach the monitor: ${err.message}`;
