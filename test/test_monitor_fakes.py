@@ -19,8 +19,13 @@ def _bound(raw: Any) -> tuple[float, bool]:
 
 
 def _in_range(score: float, low: Any, high: Any) -> bool:
+    return _range(low, high)(score)
+
+
+def _range(low: Any, high: Any):
+    """A test of a score against two bounds, parsed once (100,000 members are tested)."""
     (lo, lo_ex), (hi, hi_ex) = _bound(low), _bound(high)
-    return (score > lo if lo_ex else score >= lo) and (score < hi if hi_ex else score <= hi)
+    return lambda score: (score > lo if lo_ex else score >= lo) and (score < hi if hi_ex else score <= hi)
 
 
 class FakeStore:
@@ -119,18 +124,20 @@ class FakeStore:
         zset = self.data.setdefault(key, {})
         if gt:
             mapping = {m: s for m, s in mapping.items() if s > zset.get(m, float("-inf"))}
-        added = len(set(mapping) - set(zset))
+        added = sum(1 for member in mapping if member not in zset)
         zset.update(mapping)
         return added
 
     def zrangebyscore(self, key: str, low: Any, high: Any, withscores: bool = False) -> list:
         zset = self.data.get(key, {})
-        members = [(m, s) for m, s in sorted(zset.items(), key=lambda kv: kv[1]) if _in_range(s, low, high)]
+        within = _range(low, high)
+        members = sorted(((m, s) for m, s in zset.items() if within(s)), key=lambda kv: kv[1])
         return members if withscores else [m for m, _s in members]
 
     def zremrangebyscore(self, key: str, low: Any, high: Any) -> int:
         zset = self.data.get(key, {})
-        gone = [m for m, s in zset.items() if _in_range(s, low, high)]
+        within = _range(low, high)
+        gone = [m for m, s in zset.items() if within(s)]
         for member in gone:
             del zset[member]
         return len(gone)

@@ -90,13 +90,12 @@ async def test_a_counter_that_went_down_gives_zero_not_a_negative_rate() -> None
 def crawl_of(store: FakeStore, quiet: int, active: int, now: float) -> None:
     """``quiet`` sources seen hours ago, with counters and their last state, and ``active`` ones
     being crawled now; a few of the quiet ones halted long ago, which a line still lists."""
-    store.data[contracts.INBOUND_SOURCES] = {f"quiet{n:06d}" for n in range(quiet)} | {
-        f"busy{n:03d}" for n in range(active)}
-    store.data[contracts.ACTIVE_SOURCES] = {f"quiet{n:06d}": now - 7200 - n / 100 for n in range(quiet)}
-    for n in range(quiet):
-        store.data[contracts.resized_key(f"quiet{n:06d}")] = "10"
-        store.data[contracts.urls_split_key(f"quiet{n:06d}")] = "10"
-    store.data[contracts.HALTED] = {f"quiet{n:06d}" for n in range(3)}
+    data, names = store.data, [f"quiet{n:06d}" for n in range(quiet)]
+    data[contracts.INBOUND_SOURCES] = set(names) | {f"busy{n:03d}" for n in range(active)}
+    data[contracts.ACTIVE_SOURCES] = {source: now - 7200 - n / 100 for n, source in enumerate(names)}
+    data.update(dict.fromkeys(map(contracts.resized_key, names), "10"))
+    data.update(dict.fromkeys(map(contracts.urls_split_key, names), "10"))
+    data[contracts.HALTED] = set(names[:3])
     for n in range(active):
         source = f"busy{n:03d}"
         store.zadd(contracts.ACTIVE_SOURCES, {source: now - n / 100})
