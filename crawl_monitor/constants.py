@@ -73,7 +73,7 @@ ACTIVE_SOURCES_KEPT_SECONDS = 24 * 3600
 # How far before its last look a reader asks for recent sources: workers score an outcome
 # with their own clock, which may run behind the monitor's.
 ACTIVE_SOURCES_SLACK_SECONDS = 5.0
-# The monitoring log and the dashboard re-read quiet sources this often (active ones each time).
+# The dashboard re-reads the quiet sources it shows this often (active ones each time).
 ACTIVE_SOURCES_FULL_READ_SECONDS = 60.0
 # The regulator grants tokens to the sources active this recently (and to no other: issue 26,
 # 100,000 sources). Workers score a source while a task waits for its tokens
