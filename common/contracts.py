@@ -71,6 +71,9 @@ TEMP_HALTED = "temp_halted"
 NUM_RESIZED = "num_resized"
 RESIZE_ERRORS = "resize_errors"
 LAST_50_LENGTH = 50
+# Every per-source key that is state, not a counter, expires at most this long after the
+# source's last request (issue 26: a crawl of millions of sites must not keep them all).
+SOURCE_STATE_TTL_SECONDS = 12 * 60 * 60
 
 # status60s:{source}: one sorted-set member per request, the breaker's sliding minute.
 MINUTE_WINDOW = "status60s"
@@ -152,6 +155,10 @@ def response_times_key(source: str, bucket_start: int) -> str:
 # every outcome). The monitor's per-second work reads only the sources it names as recent,
 # so that work follows the sources being crawled, not every source ever seen (issue 20).
 ACTIVE_SOURCES = "active_sources"
+# A source's backlog (issue 26) is urls_split - urls_ended: URLs split for the first time (a retry
+# is not new) and URLs that reached their terminal outcome. Counters: they never expire.
+urls_split_key = _keyed("urls_split")
+urls_ended_key = _keyed("urls_ended")
 
 # A source's backlog (issue 26) is urls_split - urls_ended: URLs split for the first time (a retry
 # is not new) and URLs that reached their terminal outcome. Counters: they never expire.

@@ -19,22 +19,28 @@ class SourceSets:
         return self.halted | self.temp_halted
 
 
-async def read_halts(redis: Any) -> SourceSets:
-    """``halted`` and ``temp_halted`` alone (``inbound`` left empty): what a worker needs every
-    few seconds, without ``inbound_sources``, which holds every source ever split (millions)."""
+async def read_source_sets(redis: Any, inbound: bool = True) -> SourceSets:
+    """``inbound_sources``, ``halted`` and ``temp_halted`` as text, in one pipeline; with
+    ``inbound=False`` the first is left out (empty): at 100,000 sources it is big."""
     pipe = redis.pipeline(transaction=False)
-    for key in (HALTED, TEMP_HALTED):
-        pipe.smembers(key)
-    halted, temp_halted = (frozenset(as_text(m) for m in reply) for reply in await pipe.execute())
-    return SourceSets(frozenset(), halted, temp_halted)
-
-
-async def read_source_sets(redis: Any) -> SourceSets:
-    """``inbound_sources``, ``halted`` and ``temp_halted`` as text, in one pipeline."""
-    pipe = redis.pipeline(transaction=False)
-    for key in (INBOUND_SOURCES, HALTED, TEMP_HALTED):
+    for key in (INBOUND_SOURCES, HALTED, TEMP_HALTED) if inbound else (HALTED, TEMP_HALTED):
         pipe.smembers(key)
     replies = await pipe.execute()
-    inbound, halted, temp_halted = (frozenset(as_text(m) for m in reply) for reply in replies)
-    return SourceSets(inbound, halted, temp_halted)
+    if not inbound:
+        replies = [set(), *replies]
+    everyone, halted, temp_halted = (frozenset(as_text(m) for m in reply) for reply in replies)
+    return SourceSets(everyone, halted, temp_halted)
 
+
+
+async def stopped_among(redis: Any, sources: list[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """Which of ``sources`` are halted and which temporarily halted, by SMISMEMBER: a reply the
+    size of ``sources`` (the active ones), not of every halt ever made (issue 26)."""
+    if not sources:
+        return frozenset(), frozenset()
+    pipe = redis.pipeline(transaction=False)
+    pipe.smismember(HALTED, sources)
+    pipe.smismember(TEMP_HALTED, sources)
+    halted, temp_halted = await pipe.execute()
+    return (frozenset(s for s, member in zip(sources, halted, strict=True) if member),
+            frozenset(s for s, member in zip(sources, temp_halted, strict=True) if member))

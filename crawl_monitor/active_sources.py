@@ -23,6 +23,12 @@ async def active_since(redis: AsyncRedis, since: float) -> set[str]:
     return {as_text(member) for member in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf")}
 
 
+async def active_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
+    """Sources active at or after ``since`` with the time of their latest activity."""
+    return {as_text(member): float(score)
+            for member, score in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf", withscores=True)}
+
+
 async def forget_quiet(redis: AsyncRedis, now: float) -> None:
     """Drop the sources quiet for a day: the set then holds the sources of a day's crawl."""
     await redis.zremrangebyscore(ACTIVE_SOURCES, "-inf", f"({now - ACTIVE_SOURCES_KEPT_SECONDS}")

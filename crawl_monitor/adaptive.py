@@ -39,7 +39,8 @@ from common.protocols import AsyncRedis
 from common.redis_values import as_text, finite_number
 from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket
 from crawl_monitor.active_sources import active_since
-from crawl_monitor.constants import (ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE, ADAPTIVE_FLOOR_RPS,
+from crawl_monitor.constants import (ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
+                                     ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE, ADAPTIVE_FLOOR_RPS,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
                                      ADAPTIVE_RECOVERED_FACTOR, ADAPTIVE_RECOVERED_MIN_EXTRA_MS,
@@ -189,10 +190,13 @@ class Adaptation:
         self.disabled: set[str] = set()
         self._next_bucket: int | None = None
         self._saved_as: dict[str, tuple[float, bool]] = {}  # source -> (ceiling, enabled) last saved
+        self._asked_at: dict[str, float] = {}  # source -> when the regulator last asked (its clock)
+        self._next_forget = 0.0
 
     def effective(self, source: str, ceiling: float) -> float:
         """The rate to grant a source whose limit is ``ceiling`` (req/s) this second."""
         self._ceilings[source] = ceiling
+        self._asked_at[source] = self._clock()
         controller = self.controllers.get(source)
         if controller is None:
             controller = self.controllers[source] = Controller()
@@ -204,12 +208,16 @@ class Adaptation:
     async def update(self) -> None:
         """Once a second: the switches, any saved state of new sources, and the buckets that ended.
 
-        Only the sources with an outcome since the oldest due bucket began (``active_sources``)
-        can have answers in it; only they are read, judged and saved, with any source whose
-        ceiling or switch changed. A quiet source's state waits in memory, and in Redis.
+        Only the sources the regulator granted a rate lately are considered (issue 26: not every
+        source ever seen), and of them only those with an outcome since the oldest due bucket
+        began (``active_sources``) can have answers in it; only they are read, judged and saved,
+        with any source whose ceiling or switch changed. A quiet source's state waits in
+        memory, and in Redis; one not asked about for ADAPTIVE_FORGET_SECONDS is forgotten
+        here and restored from Redis if it comes back.
         """
         now = self._clock()
-        sources = sorted(self._ceilings)
+        self._forget_unasked(now)
+        sources = sorted(s for s, at in self._asked_at.items() if at >= now - ADAPTIVE_ASKED_SECONDS)
         if not sources:
             return
         last_complete = bucket_start(now - ADAPTIVE_READ_GRACE_SECONDS) - RESPONSE_BUCKET_SECONDS
@@ -247,6 +255,17 @@ class Adaptation:
                     self.controllers[source].observe(Reading(start, bins, overload), self._ceilings[source], now,
                                                      enabled=source not in self.disabled)
         await self._save(observed, sources)
+
+    def _forget_unasked(self, now: float) -> None:
+        if now < self._next_forget:
+            return
+        self._next_forget = now + ADAPTIVE_ASKED_SECONDS
+        gone = [s for s, at in self._asked_at.items() if at < now - ADAPTIVE_FORGET_SECONDS]
+        for source in gone:
+            for kept in (self._asked_at, self.controllers, self._ceilings, self._saved_as):
+                kept.pop(source, None)
+            self._unrestored.discard(source)
+            self.disabled.discard(source)
 
     async def _save(self, observed: set[str], sources: list[str]) -> None:
         """``adaptive:{source}`` of the sources just judged and of those whose ceiling or switch

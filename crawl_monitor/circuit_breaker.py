@@ -16,7 +16,7 @@ from common import contracts
 from common.redis_values import as_text
 from common.statuses import is_expected
 from common.jsonlog import log_event
-from common.source_sets import read_source_sets
+from common.source_sets import stopped_among
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import active_since, forget_quiet
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BREAKER_FULL_PASS_SECONDS, BUCKET_TRIM_SECONDS,
@@ -53,31 +53,40 @@ class CircuitBreaker:
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._next_bucket_trim = 0.0
-        self._last_check = float("-inf")  # none yet: the first check judges every source
+        self._last_check = float("-inf")  # none yet: the first check is a full pass
         self._next_full_pass = float("-inf")  # every source with an outcome in the last minute
-        self._last_bucket_trim = float("-inf")  # the first trim looks at every source of the day
+        self._last_bucket_trim = float("-inf")  # none yet
 
     async def check(self, now: float) -> None:
         """Judge every source on its requests up to ``now`` (Unix time, as workers score them)."""
-        sets = await read_source_sets(self._redis)
-        halted, temp_halted = sets.halted, sets.temp_halted
         # A source without an outcome in the last minute has nothing new to judge: its window
-        # only empties, which matters to a temporary halt alone (issue 20: 5,000 sources). The
-        # first check judges every source: what happened while no monitor ran is judged too.
-        # Between two full passes, only the sources with outcomes since the last check: a window
-        # that merely ages (successes leaving it before errors) is judged within a pass's time.
-        if self._last_check == float("-inf"):
-            recent = set(sets.inbound)
+        # only empties, which matters to a temporary halt alone (issue 20: 5,000 sources). A
+        # full pass (the first check, then every BREAKER_FULL_PASS_SECONDS) judges every source
+        # with an outcome in the last minute: no monitor means no tokens, so nothing older is
+        # new. Between two full passes, only the sources with outcomes since the last check: a
+        # window that merely ages (successes leaving it before errors) is judged within a pass.
+        # Nothing here reads every source ever seen (issue 26: 100,000 sources).
+        if now >= self._next_full_pass:
+            since, self._next_full_pass = now - contracts.MINUTE_WINDOW_SECONDS, now + BREAKER_FULL_PASS_SECONDS
         else:
-            if now >= self._next_full_pass:
-                since, self._next_full_pass = now - contracts.MINUTE_WINDOW_SECONDS, now + BREAKER_FULL_PASS_SECONDS
-            else:
-                since = self._last_check
-            recent = await active_since(self._redis, since - ACTIVE_SOURCES_SLACK_SECONDS)
+            since = self._last_check
+        recent = await active_since(self._redis, since - ACTIVE_SOURCES_SLACK_SECONDS)
         self._last_check = now
-        sources = sorted(recent | set(temp_halted))
-        if not sources:
-            return
+        # A temporary halt lasts at most a minute past its source's last outcome: few, all judged.
+        temp_halted = {as_text(s) for s in await self._redis.smembers(contracts.TEMP_HALTED)}
+        sources = sorted(recent | temp_halted)
+        if sources:
+            await self._judge_all(sources, temp_halted, now)
+        if now >= self._next_bucket_trim:
+            # Buckets are added only with outcomes: the sources active since the last trim (the
+            # first trim: within its interval, as a stopped monitor means no outcomes).
+            last = now - BUCKET_TRIM_SECONDS if self._last_bucket_trim == float("-inf") else self._last_bucket_trim
+            self._last_bucket_trim, self._next_bucket_trim = now, now + BUCKET_TRIM_SECONDS
+            await self._trim_buckets(sorted(await active_since(self._redis, last - ACTIVE_SOURCES_SLACK_SECONDS)), now)
+            await forget_quiet(self._redis, now)
+
+    async def _judge_all(self, sources: list[str], temp_halted: set[str], now: float) -> None:
+        halted, _ = await stopped_among(self._redis, sources)
         async with self._redis.pipeline(transaction=False) as pipe:
             for source in sources:
                 # Trimming here too keeps the window bounded whatever the workers do.
@@ -91,12 +100,6 @@ class CircuitBreaker:
             _trimmed, minute, last_50 = replies[index * 3:index * 3 + 3]
             await self._judge(source, [status_of(m) for m in minute], list(last_50),
                               source in halted, source in temp_halted)
-        if now >= self._next_bucket_trim:
-            # Buckets are added only with outcomes: the sources active since the last trim.
-            since = self._last_bucket_trim - ACTIVE_SOURCES_SLACK_SECONDS
-            self._last_bucket_trim, self._next_bucket_trim = now, now + BUCKET_TRIM_SECONDS
-            await self._trim_buckets(sorted(await active_since(self._redis, since)), now)
-            await forget_quiet(self._redis, now)
 
     async def _trim_buckets(self, sources: list[str], now: float) -> None:
         """Drop the count windows' buckets that ended before their window began."""

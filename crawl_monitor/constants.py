@@ -73,7 +73,25 @@ ACTIVE_SOURCES_KEPT_SECONDS = 24 * 3600
 # How far before its last look a reader asks for recent sources: workers score an outcome
 # with their own clock, which may run behind the monitor's.
 ACTIVE_SOURCES_SLACK_SECONDS = 5.0
-# The monitoring log and the dashboard re-read quiet sources this often (active ones each time).
+# The dashboard re-reads the quiet sources it shows this often (active ones each time).
 ACTIVE_SOURCES_FULL_READ_SECONDS = 60.0
+# The regulator grants tokens to the sources active this recently (and to no other: issue 26,
+# 100,000 sources). Workers score a source while a task waits for its tokens
+# (worker.constants.ACTIVE_HEARTBEAT_SECONDS, a third of this), so a slow or paused source
+# with work stays in, while one with nothing to crawl drops out and its keys expire.
+ACTIVE_SOURCES_TICK_SECONDS = 30.0
+# The adaptive back-off's second reads the sources the regulator asked about this recently
+# (a few of its ticks); one not asked about for ADAPTIVE_FORGET_SECONDS is forgotten (its
+# state waits in adaptive:{source}, restored when it comes back).
+ADAPTIVE_ASKED_SECONDS = 5.0
+ADAPTIVE_FORGET_SECONDS = 600.0
+# The dashboard and /metrics show the sources active this recently, and the halted and paused.
+SHOWN_RECENT_SECONDS = 600.0
+# One monitoring_update line lists at most this many sources (halted and paused ones first,
+# then the most recently active) and at most MONITORING_SPECIFIC_BYTES of them; the rest are
+# counted (general.sources_total, sources_listed), so a line stays under 256 KiB.
+MONITORING_MAX_LISTED = 500
+MONITORING_SPECIFIC_BYTES = 160 * 1024
+MONITORING_TRIPPED_BYTES = 64 * 1024  # general.circuit_breaker_tripped: names up to this size
 
 INBOUND_PARTITIONS = 4              # of inbound_images (and rejected_messages) where this project creates them

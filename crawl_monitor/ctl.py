@@ -22,6 +22,7 @@ from common.contracts import (HALTED, INBOUND_SOURCES, TEMP_HALTED, adaptive_off
                               override_rate_key, tokens_key)
 from common.redis_values import as_text
 from common.settings import load_settings
+from crawl_monitor.constants import BUCKET_TTL_MS
 from crawl_monitor.source_state import SourceState, read_sources
 
 EXIT_REDIS = 1
@@ -86,7 +87,7 @@ def format_status(sources: dict[str, SourceState]) -> str:
     if not sources:
         return f"no sources yet ({INBOUND_SOURCES} is empty)"
     lines = [f"{'SOURCE':<24} {'STATE':<7} {'LIMIT':>8} {'OVERRIDE':>8} {'ALLOWED':>8} {'RESP MS':>11} "
-             f"{'TOKENS':>7} {'REQUESTS':>10} {'SUCCESSES':>10}  ERRORS"]
+             f"{'TOKENS':>7} {'REQUESTS':>10} {'SUCCESSES':>10} {'BACKLOG':>9}  ERRORS"]
     for name, s in sources.items():
         state = HALTED if s.halted else "paused" if s.temp_halted else "ok"  # named after its set
         errors = ", ".join(f"{status}: {n}" for status, n in sorted(s.errors.items(), key=lambda e: -e[1]))
@@ -95,7 +96,7 @@ def format_status(sources: dict[str, SourceState]) -> str:
         allowed = _fmt(s.rate_limit) if s.adaptive else "off"
         response = f"{_fmt(_whole(s.baseline_ms))}/{_fmt(_whole(s.recent_ms))}"
         lines.append(f"{name:<24} {state:<7} {_fmt(limit):>8} {_fmt(s.override):>8} {allowed:>8} {response:>11} "
-                     f"{_fmt(s.tokens):>7} {s.requests:>10} {s.successes:>10}  "
+                     f"{_fmt(s.tokens):>7} {s.requests:>10} {s.successes:>10} {s.backlog:>9}  "
                      f"{s.error_total}{f' ({errors})' if errors else ''}")
     return "\n".join(lines)
 
@@ -128,7 +129,7 @@ async def run(args: argparse.Namespace, redis: aioredis.Redis) -> str:
         # Empty the bucket too, so workers stop now rather than spend this second's tokens.
         pipe = redis.pipeline()
         pipe.sadd(HALTED, source)
-        pipe.set(tokens_key(source), 0)
+        pipe.set(tokens_key(source), 0, px=BUCKET_TTL_MS)  # as the regulator sets it: no key outlives its source
         await pipe.execute()
         return f"{source}: halted; nothing is fetched until `python -m crawl_monitor.ctl resume {source}`"
     # resume: SPEC.md §2's procedure (del statuslast50req, srem halted) plus the temporary halt.
@@ -150,9 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=30))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    status = commands.add_parser("status", help="every source: state, rate limit, tokens, counters, errors",
+    status = commands.add_parser("status", help="every source: state, rate limit, tokens, counters, backlog, errors",
                                  description="Print every source the splitter has seen with its state "
-                                             "(ok, paused, halted), rate limit, override, tokens and counters.")
+                                             "(ok, paused, halted), rate limit, override, tokens, counters and "
+                                             "backlog (URLs split and not yet ended: waiting, in flight or "
+                                             "to be retried).")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     override = commands.add_parser("override", help="set a source's rate limit (requests/s)",
                                    description="Set override_rate:SOURCE; it wins over the rate computed "

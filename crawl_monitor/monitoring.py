@@ -3,21 +3,35 @@
 Totals are read from the counters workers and the splitter keep in Redis;
 rates are the change of those totals over the interval since the last line.
 Each source's ``effective_rate`` and ``response_ms`` come from the adaptive back-off's
-``adaptive:{source}`` (``crawl_monitor.adaptive``).
+``adaptive:{source}`` (``crawl_monitor.adaptive``), its ``backlog`` from
+``urls_split:{source}`` - ``urls_ended:{source}``.
+
+A line lists the sources active in its interval (an outcome, a split, a worker waiting
+for their tokens: ``active_sources``) and the halted and paused ones, and counts the rest
+(``general.sources_total``, ``sources_listed``): at 100,000 sources, a line of every
+source was megabytes, and reading them all every 5 s was work for sources with nothing
+going on (issue 26). Even so, at most ``MONITORING_MAX_LISTED`` sources are read and
+``MONITORING_SPECIFIC_BYTES`` of them written (stopped ones first, then the most recently
+active), and the halted names in ``circuit_breaker_tripped`` stop at
+``MONITORING_TRIPPED_BYTES``, so one line stays under 256 KiB whatever the crawl.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from common import contracts
 from common.jsonlog import log_event
-from common.source_sets import read_source_sets
 from common.redis_values import as_text, count, finite_number
 from common.protocols import AsyncRedis
-from crawl_monitor.active_sources import Rereads
+from crawl_monitor.active_sources import active_scores
+from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, ACTIVE_SOURCES_TICK_SECONDS,
+                                     MONITORING_INTERVAL_SECONDS, MONITORING_MAX_LISTED, MONITORING_SPECIFIC_BYTES,
+                                     MONITORING_TRIPPED_BYTES)
+from crawl_monitor.source_state import backlog
 
 _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
 
@@ -29,21 +43,33 @@ class MonitoringLog:
                  wall_clock: Callable[[], float] = time.time):
         self._redis = redis
         self._clock = clock
+        self._wall_clock = wall_clock
         self._previous: tuple[float, dict[str, int]] | None = None
+        self._interval_start: float | None = None  # wall clock: where this line's interval begins
         self.latest: dict[str, Any] | None = None
-        self._rereads = Rereads(wall_clock)
-        self._specific: dict[str, dict[str, Any]] = {}  # source -> its counters as last read
 
     async def update(self) -> dict[str, Any]:
         """Read the counters, log one ``monitoring_update`` and return it."""
-        raw_totals = await self._redis.mget(list(_TOTALS))
-        sets = await read_source_sets(self._redis)
-        inbound, halted, temp_halted = sets.inbound, sets.halted, sets.temp_halted
-        now = self._clock()
-        totals = dict(zip(_TOTALS, map(count, raw_totals), strict=True))
-        sources = sorted(inbound)
-        specific = await self._per_source(sources)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.mget(list(_TOTALS))
+            pipe.scard(contracts.INBOUND_SOURCES)
+            pipe.smembers(contracts.HALTED)
+            pipe.smembers(contracts.TEMP_HALTED)
+            raw_totals, sources_total, halted, temp_halted = await pipe.execute()
+        stopped = {as_text(s) for s in halted} | {as_text(s) for s in temp_halted}
+        now, wall = self._clock(), self._wall_clock()
+        since = wall - MONITORING_INTERVAL_SECONDS if self._interval_start is None else self._interval_start
+        self._interval_start = wall
+        # Granted a rate lately (the regulator's sources), and active in this line's interval.
+        ticked = await active_scores(self._redis, wall - ACTIVE_SOURCES_TICK_SECONDS)
+        active = {s: at for s, at in ticked.items() if at >= since - ACTIVE_SOURCES_SLACK_SECONDS}
+        candidates = sorted(stopped | set(active), key=lambda s: (s not in stopped, -active.get(s, 0.0), s))
+        candidates = candidates[:MONITORING_MAX_LISTED]
+        rate_limits, read = await self._per_source(sorted(set(ticked) | set(candidates)), candidates)
+        specific = _within(MONITORING_SPECIFIC_BYTES, ((s, {**read[s], "rate_limit": rate_limits[s]})
+                                                        for s in candidates))
 
+        totals = dict(zip(_TOTALS, map(count, raw_totals), strict=True))
         previous_at, previous = self._previous or (now, totals)
         self._previous = (now, totals)
         elapsed = now - previous_at
@@ -55,45 +81,66 @@ class MonitoringLog:
             return round(max(0, totals[name] - previous[name]) / elapsed, 3)
 
         general = {
-            "global_max_rps": round(sum(s["rate_limit"] for s in specific.values()), 3),
+            "global_max_rps": round(sum(rate_limits.values()), 3),
             "error_rps": rate(contracts.RESIZE_ERRORS),
             "processing_rate": round(rate(contracts.NUM_RESIZED) + rate(contracts.RESIZE_ERRORS), 3),
             "success_rps": rate(contracts.NUM_RESIZED),
-            "circuit_breaker_tripped": sorted(set(halted) | set(temp_halted)),
+            "circuit_breaker_tripped": list(_within(MONITORING_TRIPPED_BYTES, ((s, None) for s in sorted(stopped)))),
             # These two fields are named after the counters they report (SPEC.md §4).
             contracts.NUM_RESIZED: totals[contracts.NUM_RESIZED],
             contracts.RESIZE_ERRORS: totals[contracts.RESIZE_ERRORS],
             "split_rate": rate(contracts.NUM_SPLIT),
+            # Every source the splitter has seen, those in ``specific``, and the halted or paused.
+            "sources_total": count(sources_total),
+            "sources_listed": len(specific),
+            "sources_stopped": len(stopped),
         }
-        self.latest = log_event(contracts.EVENT_MONITORING_UPDATE, general=general, specific=specific)
+        self.latest = log_event(contracts.EVENT_MONITORING_UPDATE, general=general,
+                                specific=dict(sorted(specific.items())))
         return self.latest
 
-    async def _per_source(self, sources: list[str]) -> dict[str, dict[str, Any]]:
-        """Each source's counters; only the sources ``Rereads`` names are read again, the rest
-        are as last read with this second's rate limit (one MGET): at 5,000 sources, reading
-        them all every 5 s was a sixth of the monitor's time (issue 20)."""
-        if not sources:
-            return {}
-        due = sorted(await self._rereads.due(self._redis, sources, self._specific))
+    async def _per_source(self, limited: list[str], listed: list[str]
+                          ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+        """The rate limits of ``limited`` (for ``global_max_rps``) and the counters of
+        ``listed``: one MGET per key kind and four reads a listed source, whatever the crawl."""
+        if not limited:  # ``listed`` is among them
+            return {}, {}
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget([contracts.rate_limit_key(source) for source in sources])
-            for source in due:
+            pipe.mget([contracts.rate_limit_key(source) for source in limited])
+            if listed:
+                pipe.mget([contracts.urls_split_key(source) for source in listed])
+                pipe.mget([contracts.urls_ended_key(source) for source in listed])
+            for source in listed:
                 pipe.get(contracts.resized_key(source))
                 pipe.get(contracts.errors_key(source))
                 pipe.lrange(contracts.last_50_key(source), 0, -1)
                 pipe.hgetall(contracts.adaptive_key(source))
             rate_limits, *replies = await pipe.execute()
-        for index, source in enumerate(due):
+        split, ended, *replies = replies or [[], []]
+        read = {}
+        for index, source in enumerate(listed):
             successful, error, last_50, adaptive = replies[index * 4:(index + 1) * 4]
-            self._specific[source] = {
+            read[source] = {
                 "successful": count(successful),
                 "error": count(error),
                 "last_50_statuses": dict(Counter(last_50)),
                 **adaptive_view(adaptive or {}),
+                "backlog": backlog(split[index], ended[index]),
             }
-        self._specific = {source: self._specific[source] for source in sources}  # forget the removed ones
-        return {source: {**self._specific[source], "rate_limit": finite_number(rate_limit) or 0.0}
-                for source, rate_limit in zip(sources, rate_limits, strict=True)}
+        limits = {source: finite_number(value) or 0.0 for source, value in zip(limited, rate_limits, strict=True)}
+        return limits, read
+
+
+def _within(budget: int, entries: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """The leading entries whose JSON (``"name": value, ``) fits in ``budget`` bytes."""
+    kept: dict[str, Any] = {}
+    used = 0
+    for name, value in entries:
+        used += len(json.dumps({name: value}).encode()) + 2
+        if used > budget:
+            break
+        kept[name] = value
+    return kept
 
 
 def adaptive_view(raw: dict) -> dict[str, Any]:

@@ -1,10 +1,15 @@
-"""The rate-limit regulator: every source's token bucket, refilled once a second.
+"""The rate-limit regulator: every active source's token bucket, refilled once a second.
 
 Workers ``DECR currtokens:{source}`` before each request and fetch only on a
 result >= 0, so the bucket's value each second *is* the source's rate. The
 bucket is SET, never incremented: a token unused within its second is gone
 rather than saved up into a burst. Each SET carries a short expiry, so a
 dead monitor leaves empty buckets behind and the crawl stops (fail closed).
+
+Only the sources active lately (``active_sources``, ``ACTIVE_SOURCES_TICK_SECONDS``: an
+outcome, a split, or a worker waiting for its tokens) are ticked: at 100,000 sources a
+second's work is in proportion to the few hundred being crawled (issue 26). A source that
+drops out has nothing to crawl; its bucket and rate expire within seconds.
 """
 from __future__ import annotations
 
@@ -14,12 +19,13 @@ from datetime import datetime, UTC
 
 from common import contracts
 from common.jsonlog import log_event
-from common.source_sets import read_source_sets
+from common.source_sets import stopped_among
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis
+from crawl_monitor.active_sources import active_since
 from crawl_monitor.adaptive import Adaptation
-from crawl_monitor.constants import (BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_TTL_SECONDS, REFILL_BATCH,
-                                     UNKNOWN_SOURCE_REPORT_SECONDS)
+from crawl_monitor.constants import (ACTIVE_SOURCES_TICK_SECONDS, BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS,
+                                     RATE_LIMIT_TTL_SECONDS, REFILL_BATCH, UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
 
 # KEYS: n sources' buckets, then the same n sources' rate_limit keys; ARGV: the buckets'
@@ -66,13 +72,14 @@ class Regulator:
         self._computed = {source: rate_for_size(count) for source, count in sizes.items()}
 
     async def tick(self, now: float) -> dict[str, int]:
-        """Set every bucket for the second starting at ``now`` (Unix time); return the grants."""
-        sets = await read_source_sets(self._redis)
-        inbound, halted, temp_halted = sets.inbound, sets.halted, sets.temp_halted
-        sources = sorted(set(self._computed) | set(inbound))
+        """Set the bucket of every source active lately, for the second starting at ``now``
+        (Unix time); return the grants. Reads and writes only those sources' keys."""
+        sources = sorted(await active_since(self._redis, now - ACTIVE_SOURCES_TICK_SECONDS))
+        self._forget_others(sources, now)
         if not sources:
             self.rates = {}
             return {}
+        halted, temp_halted = await stopped_among(self._redis, sources)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.mget([contracts.override_rate_key(s) for s in sources])
             pipe.mget([contracts.retry_after_key(s) for s in sources])
@@ -97,6 +104,15 @@ class Regulator:
         await self._write(grants, rates)
         self.rates = rates
         return grants
+
+    def _forget_others(self, sources: list[str], now: float) -> None:
+        """What is kept per source follows the sources ticked, not every source ever seen."""
+        ticked = set(sources)
+        self._credit = {s: credit for s, credit in self._credit.items() if s in ticked}
+        self._limits = {s: limit for s, limit in self._limits.items() if s in ticked}
+        self._pauses = {s: pause for s, pause in self._pauses.items() if s in ticked or pause[1] > now}
+        self._unknown_reported_at = {s: at for s, at in self._unknown_reported_at.items()
+                                     if now - at < UNKNOWN_SOURCE_REPORT_SECONDS}
 
     def limit_of(self, source: str) -> float | None:
         """The source's limit (an override, else its size's rate), for the splitter to spread

@@ -162,6 +162,7 @@ async def test_the_regulator_grants_what_the_back_off_allows_from_redis() -> Non
     redis = FakeAsyncRedis()
     store = redis.store
     store.sadd(contracts.INBOUND_SOURCES, "slow", "off")
+    store.zadd(contracts.ACTIVE_SOURCES, {"slow": T0 + 10**6, "off": T0 + 10**6})  # being crawled throughout
     store.set(contracts.override_rate_key("slow"), 40)
     store.set(contracts.override_rate_key("off"), 40)
     store.set(contracts.adaptive_off_key("off"), "1")
@@ -211,6 +212,7 @@ async def test_each_second_reads_and_saves_only_the_sources_with_answers() -> No
     for second in range(1, 30):
         now[0] = T0 + 0.5 + second
         answered(store, "busy", now[0], 0.2, 5)
+        adaptation.effective("busy", 40)  # as the regulator asks each second for the sources it ticks
         await adaptation.update()
     assert adaptation.controllers["busy"].multiplier == 1.0  # slow start ran to the ceiling
     assert all(not store.hgetall(contracts.adaptive_key(source)) for source in quiet)

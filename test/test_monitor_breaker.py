@@ -109,8 +109,9 @@ async def test_a_temporary_halt_clears_once_the_minute_is_clean(redis, capsys) -
 
 @pytest.mark.parametrize("failures, halts", [(49, False), (50, True)])
 async def test_fifty_failures_in_a_row_halt_permanently(redis, capsys, failures, halts) -> None:
-    record(redis, ["200"] * (50 - failures), at=T0 - 3000)  # long gone from the minute window
-    record(redis, ["500"] * failures, at=T0 - 3000)
+    # Within the last minute, as any outcome a first check judges (no monitor, no tokens: none older is new).
+    record(redis, ["200"] * (50 - failures), at=T0 - 30)
+    record(redis, ["500"] * failures, at=T0 - 30)
     await CircuitBreaker(redis).check(T0)
     assert ("example" in redis.store.smembers(contracts.HALTED)) is halts
     permanent = [e for e in logged(capsys) if e.get("type") == "permanent"]
@@ -121,20 +122,22 @@ async def test_fifty_failures_in_a_row_halt_permanently(redis, capsys, failures,
 
 
 async def test_fewer_than_fifty_failures_on_record_do_not_halt(redis) -> None:
-    record(redis, ["500"] * 49, at=T0 - 3000)
+    record(redis, ["500"] * 49, at=T0 - 30)
     await CircuitBreaker(redis).check(T0)
     assert redis.store.smembers(contracts.HALTED) == set()
 
 
 async def test_an_untrimmed_list_is_judged_on_its_newest_fifty(redis) -> None:
     redis.store.rpush(contracts.last_50_key("example"), "200", *["500"] * 50)  # a worker between RPUSH and LTRIM
+    redis.store.zadd(contracts.ACTIVE_SOURCES, {"example": T0 - 1})
     await CircuitBreaker(redis).check(T0)
     assert redis.store.smembers(contracts.HALTED) == {"example"}
 
 
 async def test_only_an_operator_lifts_a_permanent_halt(redis, capsys) -> None:
     breaker = CircuitBreaker(redis)
-    record(redis, ["ServerDisconnected"] * 50, at=T0 - 3000)
+    record(redis, ["ServerDisconnected"] * 50, at=T0 - 3000)  # its minute long gone...
+    redis.store.zadd(contracts.ACTIVE_SOURCES, {"example": T0 - 1})  # ... its last outcome kept out of it
     await breaker.check(T0)
     await breaker.check(T0 + 1)
     assert redis.store.smembers(contracts.HALTED) == {"example"}

@@ -19,8 +19,13 @@ def _bound(raw: Any) -> tuple[float, bool]:
 
 
 def _in_range(score: float, low: Any, high: Any) -> bool:
+    return _range(low, high)(score)
+
+
+def _range(low: Any, high: Any):
+    """A test of a score against two bounds, parsed once (100,000 members are tested)."""
     (lo, lo_ex), (hi, hi_ex) = _bound(low), _bound(high)
-    return (score > lo if lo_ex else score >= lo) and (score < hi if hi_ex else score <= hi)
+    return lambda score: (score > lo if lo_ex else score >= lo) and (score < hi if hi_ex else score <= hi)
 
 
 class FakeStore:
@@ -64,6 +69,13 @@ class FakeStore:
         added = len(set(members) - current)
         current.update(members)
         return added
+
+    def smismember(self, key: str, members: list[str]) -> list[int]:
+        current = self.data.get(key, set())
+        return [int(member in current) for member in members]
+
+    def scard(self, key: str) -> int:
+        return len(self.data.get(key, set()))
 
     def srem(self, key: str, *members: str) -> int:
         current = self.data.get(key, set())
@@ -112,23 +124,60 @@ class FakeStore:
         zset = self.data.setdefault(key, {})
         if gt:
             mapping = {m: s for m, s in mapping.items() if s > zset.get(m, float("-inf"))}
-        added = len(set(mapping) - set(zset))
+        added = sum(1 for member in mapping if member not in zset)
         zset.update(mapping)
         return added
 
-    def zrangebyscore(self, key: str, low: Any, high: Any) -> list[str]:
+    def zrangebyscore(self, key: str, low: Any, high: Any, withscores: bool = False) -> list:
         zset = self.data.get(key, {})
-        return [m for m, s in sorted(zset.items(), key=lambda kv: kv[1]) if _in_range(s, low, high)]
+        within = _range(low, high)
+        members = sorted(((m, s) for m, s in zset.items() if within(s)), key=lambda kv: kv[1])
+        return members if withscores else [m for m, _s in members]
 
     def zremrangebyscore(self, key: str, low: Any, high: Any) -> int:
         zset = self.data.get(key, {})
-        gone = [m for m, s in zset.items() if _in_range(s, low, high)]
+        within = _range(low, high)
+        gone = [m for m, s in zset.items() if within(s)]
         for member in gone:
             del zset[member]
         return len(gone)
 
     def close(self) -> None:
         self.closed = True
+
+
+class RecordingStore(FakeStore):
+    """A FakeStore that records every command: its name, its arguments and its reply, so a test
+    can say what one second of the monitor read and wrote (issue 26: 100,000 sources)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: list[tuple[str, tuple, Any]] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or name in ("commands", "data", "expiry", "closed", "names", "items_read") \
+                or not callable(attr):
+            return attr
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            reply = attr(*args, **kwargs)
+            super(RecordingStore, self).__getattribute__("commands").append((name, args, reply))
+            return reply
+        return recorded
+
+    def names(self) -> set[str]:
+        """Every key and member the commands were given."""
+        found: set[str] = set()
+        for _name, args, _reply in self.commands:
+            for arg in args:
+                values = arg if isinstance(arg, (list, tuple, set)) else list(arg) if isinstance(arg, dict) else [arg]
+                found.update(str(value) for value in values)
+        return found
+
+    def items_read(self) -> int:
+        """Values, members and fields the replies held (a missing key counts one)."""
+        return sum(len(reply) if isinstance(reply, (list, set, dict)) else 1 for _n, _a, reply in self.commands)
 
 
 class _Pipeline:

@@ -246,6 +246,8 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
     sources = tmp_path / "sources.json"
     sources.write_text(json.dumps([{"source_name": source, "image_count": 500_000_000}]))
     redis = Redis.from_url(redis_url, decode_responses=True)
+    # A worker waits for the source's tokens throughout: the monitor grants only active sources (issue 26).
+    redis.zadd(contracts.ACTIVE_SOURCES, {source: time.time() + 3600})
     monitor = MonitorProcess({**stack_env, "SOURCES_URL": str(sources)})
     try:
         # A source new to the monitor gets a tenth of its computed rate (the adaptive back-off's
@@ -278,9 +280,10 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
                                    if source in u["specific"]], what="a monitoring update")[-1]
         assert set(update) == {"event", "time", "general", "specific"}
         assert set(update["general"]) == {"global_max_rps", "error_rps", "processing_rate", "success_rps",
-                                          "circuit_breaker_tripped", "num_resized", "resize_errors", "split_rate"}
+                                          "circuit_breaker_tripped", "num_resized", "resize_errors", "split_rate",
+                                          "sources_total", "sources_listed", "sources_stopped"}
         assert set(update["specific"][source]) == {"successful", "error", "last_50_statuses", "rate_limit",
-                                                   "effective_rate", "response_ms"}
+                                                   "effective_rate", "response_ms", "backlog"}
     finally:
         returncode = monitor.stop()
     assert returncode == 0, monitor.process.stderr.read()[-2000:]
@@ -297,6 +300,7 @@ def test_a_second_monitor_stands_by_and_takes_over_when_the_first_stops(
     sources.write_text(json.dumps([{"source_name": source, "image_count": 500_000_000}]))
     env = {**stack_env, "SOURCES_URL": str(sources)}
     redis = Redis.from_url(redis_url, decode_responses=True)
+    redis.zadd(contracts.ACTIVE_SOURCES, {source: time.time() + 3600})  # a worker waits for its tokens
     first = MonitorProcess(env)
     second = None
     try:

@@ -25,9 +25,17 @@ def redis() -> FakeAsyncRedis:
     return FakeAsyncRedis()
 
 
+def activate(redis: FakeAsyncRedis, *sources: str, at: float = T0 + 10**6) -> None:
+    """As workers and the splitter score them in active_sources (by default: throughout a test)."""
+    redis.store.sadd(contracts.INBOUND_SOURCES, *sources)
+    redis.store.zadd(contracts.ACTIVE_SOURCES, dict.fromkeys(sources, at))
+
+
 def regulator_with(redis: FakeAsyncRedis, **sizes: int) -> Regulator:
     regulator = Regulator(redis)
     regulator.set_sizes(sizes)
+    if sizes:
+        activate(redis, *sizes)
     return regulator
 
 
@@ -48,7 +56,7 @@ async def test_buckets_hold_the_computed_rate_and_expire_quickly(redis) -> None:
 async def test_half_a_request_per_second_is_one_token_every_two_seconds(redis) -> None:
     regulator = regulator_with(redis)
     await redis.set(contracts.override_rate_key("slow"), "0.5")
-    await redis.sadd(contracts.INBOUND_SOURCES, "slow")
+    activate(redis, "slow")
     seen = []
     for second in range(10):
         await regulator.tick(T0 + second)
@@ -64,7 +72,7 @@ async def test_slow_sources_get_their_tokens_in_different_seconds(redis) -> None
     names = [f"slow{i}" for i in range(100)]
     for name in names:
         await redis.set(contracts.override_rate_key(name), "0.5")
-        await redis.sadd(contracts.INBOUND_SOURCES, name)
+        activate(redis, name)
     per_second = []
     for second in range(4):
         await regulator.tick(T0 + second)
@@ -79,7 +87,7 @@ async def test_fractional_rates_carry_over_so_the_average_is_exact(
         redis, rate: str, seconds: int, expected_total: int, max_per_second: int) -> None:
     regulator = regulator_with(redis)
     await redis.set(contracts.override_rate_key("s"), rate)
-    await redis.sadd(contracts.INBOUND_SOURCES, "s")
+    activate(redis, "s")
     grants = await run_ticks(regulator, "s", seconds)
     assert sum(grants) == expected_total and max(grants) == max_per_second
 
@@ -120,7 +128,7 @@ async def test_halted_and_temp_halted_buckets_are_set_to_zero(redis) -> None:
 
 async def test_a_source_with_urls_but_no_rate_gets_nothing_and_is_reported_now_and_then(redis, capsys) -> None:
     regulator = regulator_with(redis, known=5_000)
-    await redis.sadd(contracts.INBOUND_SOURCES, "mystery", "known")
+    activate(redis, "mystery", "known")
     for second in range(0, 299, 10):
         assert (await regulator.tick(T0 + second))["mystery"] == 0
     assert redis.store.get(contracts.tokens_key("mystery")) == "0"
@@ -209,3 +217,40 @@ async def test_thousands_of_buckets_are_written_in_bounded_batches() -> None:
     grants = await regulator.tick(T0)
     assert len(grants) == 1200 and all(redis.store.get(contracts.tokens_key(s)) == "200" for s in grants)
     assert sum(sizes) == 2 * 1200 and max(sizes) <= 2 * REFILL_BATCH
+
+
+async def test_at_100000_sources_a_second_reads_and_writes_only_the_active_ones() -> None:
+    """Issue 26: 100,000 sources seen (a day's crawl, some halted, all in the sources list) and 50
+    being crawled: one second of the regulator, the adaptive back-off and the breaker touches
+    those 50 and the global keys, nothing of the others."""
+    from crawl_monitor.adaptive import Adaptation
+    from crawl_monitor.circuit_breaker import CircuitBreaker
+    from test.test_monitor_fakes import RecordingStore
+    store = RecordingStore()
+    quiet = [f"quiet{n:06d}" for n in range(100_000)]
+    busy = [f"busy{n:03d}" for n in range(50)]
+    store.data[contracts.INBOUND_SOURCES] = set(quiet) | set(busy)
+    store.data[contracts.ACTIVE_SOURCES] = {s: T0 - 7200 - n / 100 for n, s in enumerate(quiet)}
+    store.data[contracts.HALTED] = set(quiet[:1000]) | set(busy[:2])
+    for n, source in enumerate(busy):
+        store.zadd(contracts.ACTIVE_SOURCES, {source: T0 - n / 10})
+        store.rpush(contracts.last_50_key(source), *["200"] * 50)
+    redis = FakeAsyncRedis(store)
+    now = [T0]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    regulator = Regulator(redis, adaptation)
+    regulator.set_sizes(dict.fromkeys(quiet + busy, 500_000_000))
+    breaker = CircuitBreaker(redis)
+    for second in range(3):  # the first second of a monitor, then two more
+        now[0] = T0 + second
+        store.commands.clear()
+        grants = await regulator.tick(now[0])
+        await adaptation.update()
+        await breaker.check(now[0])
+        assert set(grants) == set(busy) and grants[busy[0]] == 0 and grants[busy[2]] == 20  # slow start
+        assert not any(name.startswith("quiet") or ":quiet" in name for name in store.names())
+        assert store.items_read() < 100 * len(busy), store.items_read()  # each one's last 50 and a few more
+        written = {args[0] for name, args, _ in store.commands if name in ("set", "hset", "sadd", "srem")}
+        assert written <= {key for s in busy for key in (contracts.tokens_key(s), contracts.rate_limit_key(s),
+                                                         contracts.adaptive_key(s))}
+    assert len(regulator.rates) == 50 and len(adaptation.controllers) == 48  # the halted two get no verdict

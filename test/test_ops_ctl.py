@@ -39,9 +39,12 @@ async def test_status_lists_every_source_with_its_state(redis_url, redis_client)
     # The limit (computed or overridden), what the adaptive back-off allows of it, its response times.
     assert rows["flickr"][1:9] == ["ok", "200", "-", "178.38", "210/450", "120", "13250", "13188"]
     assert rows["phylopic"][4] == "off" and rows["animaldiversity"][4:6] == ["0.50", "-/-"]
+    assert [rows[s][9] for s in ("flickr", "animaldiversity", "phylopic")] == ["6790", "0", "9932"]  # BACKLOG
+    assert lines[0].split()[10] == "BACKLOG"  # after RESP MS, two words
     assert "22 (500: 20, Timeout: 2)" in table.stdout
     as_json = json.loads(ctl(redis_url, "status", "--json").stdout)
     assert as_json["animaldiversity"]["override"] == 0.5
+    assert as_json["phylopic"]["backlog"] == 9932
 
 
 async def test_status_of_an_empty_crawl(redis_url) -> None:

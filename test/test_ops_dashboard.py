@@ -88,15 +88,18 @@ def load_dashboard(url: str, screenshot: Path) -> dict:
         polylines = len(driver.find_elements(By.CSS_SELECTOR, "#chart polyline"))
         general = driver.find_element(By.ID, "general").text
         banner_hidden = driver.find_element(By.ID, "banner").get_attribute("hidden") is not None
+        omitted = driver.find_element(By.ID, "omitted").text
         driver.save_screenshot(str(screenshot))
         console_errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert console_errors == []
-    return {"rows": rows, "polylines": polylines, "general": general, "banner_hidden": banner_hidden}
+    return {"rows": rows, "polylines": polylines, "general": general, "banner_hidden": banner_hidden,
+            "omitted": omitted}
 
 
 async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
         redis_client, redis_url, tmp_path, monkeypatch) -> None:
     await seed(redis_client)
+    await redis_client.sadd(c.INBOUND_SOURCES, "quiet")  # seen, nothing crawled lately: counted, not shown
     monkeypatch.setattr(http_api, "History", HourOfHistory)
     screenshot = tmp_path / "dashboard.png"
     # The fake worker has a client of its own: cancelling it mid-command must not
@@ -119,6 +122,8 @@ async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
     assert "178.38" in rows["flickr"] and "override 0.5" in rows["animaldiversity"]
     assert "500×20" in rows["flickr"] and "Timeout×2" in rows["flickr"] and "200×48" in rows["flickr"]
     assert "13,188" in rows["flickr"]
+    assert [cells[s][8] for s in ("flickr", "animaldiversity", "phylopic")] == ["6,790", "0", "9,932"]  # backlog
+    assert page["omitted"].startswith("and 1 more sources with nothing crawled"), page["omitted"]
     assert 10 < float(cells["flickr"][5]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
     # Its limit, what the adaptive back-off allows of it, and the response times it judges by.
     assert cells["flickr"][2:5] == ["200", "178.38", "210 / 450"], rows["flickr"]

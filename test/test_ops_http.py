@@ -46,6 +46,13 @@ async def seed(redis) -> None:
     for source, statuses in {"flickr": ("500", "Timeout"), "animaldiversity": ("503",),
                              "phylopic": ("500",), "retired": ("500",)}.items():
         await redis.sadd(c.error_statuses_key(source), *statuses)
+    # The backlogs (issue 26): flickr has 6,790 URLs to go, halted phylopic 9,932 waiting; animaldiversity
+    # ended more than it was split (URLs ended twice, at-least-once), which is no backlog.
+    await redis.mset({c.urls_split_key("flickr"): 20_000, c.urls_ended_key("flickr"): 13_210,
+                      c.urls_split_key("phylopic"): 10_000, c.urls_ended_key("phylopic"): 68,
+                      c.urls_split_key("animaldiversity"): 40, c.urls_ended_key("animaldiversity"): 41})
+    # Each was crawled just now: the monitor's per-second work covers the sources active lately.
+    await redis.zadd(c.ACTIVE_SOURCES, dict.fromkeys(("flickr", "animaldiversity", "phylopic"), time.time()))
 
 
 def monitoring_update() -> dict[str, Any]:
@@ -114,6 +121,23 @@ async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
     # SPEC.md §6: the names with abbreviated units are gone, and Prometheus's linter is content.
     assert not re.search(r"_ms\b|_rps\b", text)
     check_metrics(text)
+    assert [value("crawler_source_backlog", s) for s in ("flickr", "animaldiversity", "phylopic")] == [6790, 0, 9932]
+
+
+async def test_metrics_and_status_show_the_active_and_stopped_sources_and_count_the_rest(redis_client) -> None:
+    """Issue 26: reading every source seen took 15 s a scrape at 100,000 sources."""
+    await seed(redis_client)
+    await redis_client.sadd(c.INBOUND_SOURCES, "quiet", "gone")
+    await redis_client.set(c.resized_key("quiet"), 5)
+    await redis_client.zadd(c.ACTIVE_SOURCES, {"quiet": time.time() - 3600})  # crawled an hour ago
+    async with serve(redis_client, monitoring_update) as base:
+        _, text = await get(f"{base}/metrics")
+        _, status = await get(f"{base}/status")
+    sources = {s.labels["source"] for family in text_string_to_metric_families(text) for s in family.samples
+               if "source" in s.labels}
+    assert sources == {"flickr", "animaldiversity", "phylopic"}
+    body = json.loads(status)
+    assert set(body["sources"]) == {"flickr", "animaldiversity", "phylopic"} and body["sources_omitted"] == 2
 
 
 async def test_metrics_answer_503_when_redis_is_down() -> None:

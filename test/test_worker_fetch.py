@@ -471,3 +471,31 @@ async def test_a_non_ascii_location_is_read_as_utf8(http) -> None:
         fetched.body.release()
     finally:
         await server.close()
+
+
+async def test_a_waiting_source_is_marked_active_and_idle_ones_are_forgotten(monkeypatch) -> None:
+    """Issue 26: the monitor grants tokens only to sources in active_sources, so a task waiting for
+    a new source's first token says so; and a worker that met 1,000 sources keeps nothing of those
+    no task has asked tokens for in a while."""
+    from common.contracts import ACTIVE_SOURCES, rate_limit_key
+    from worker import tokens as tokens_module
+    from worker.constants import TOKENS_FORGET_SECONDS
+    redis = FakeRedis()
+    tokens = TokenBuckets(redis)
+    waiter = asyncio.create_task(tokens.until_available("new"))
+    await asyncio.sleep(0.05)
+    assert "new" in redis.store.get(ACTIVE_SOURCES, {})  # before any outcome: the monitor may grant it
+    await redis.set(tokens_key("new"), 1)
+    await redis.set(rate_limit_key("new"), 2.0)
+    await asyncio.wait_for(waiter, 2)
+    assert await tokens.take("new")  # its rate read from Redis: paced from the first request
+    assert redis.store[sent_log_key("new")]
+    for n in range(1_000):
+        async with tokens.one_at_a_time(f"s{n}"):
+            await redis.set(tokens_key(f"s{n}"), 1)
+            await tokens.take(f"s{n}")
+    later = time.monotonic() + 2 * TOKENS_FORGET_SECONDS + 1
+    monkeypatch.setattr(tokens_module.time, "monotonic", lambda: later)
+    tokens.one_at_a_time("busy")
+    monkeypatch.undo()  # time.monotonic is the event loop's clock too
+    assert set(tokens._locks) == {"busy"} and not tokens._next_send and not tokens._last_rate

@@ -13,7 +13,7 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_OUTCOME_UNWRITABLE
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
-                              resized_key, status_window_key)
+                              resized_key, status_window_key, urls_ended_key)
 from common.kafka import MessageRefused
 from common.response_times import OVERLOAD_FIELD, bin_of
 from common.settings import Settings
@@ -364,3 +364,18 @@ async def test_a_redis_error_about_a_value_ends_the_url_and_one_about_the_server
     for outage in (OutOfMemoryError, ReadOnlyError, lambda text: ResponseError(f"MISCONF {text}")):
         run = await Run(ok(image_bytes("JPEG")), redis_down_for=2, outage=outage)()
         assert set(run.outcomes()) == {METADATA_TOPIC}
+
+
+@pytest.mark.parametrize("result, attempts, ended", [
+    (ok(image_bytes("JPEG")), 0, 1),            # success
+    (ok(b"", 404), 0, 1),                        # link rot
+    (ok(b"", 403), 0, 1),                        # crawl_errors
+    (FetchError("ForbiddenAddress"), 0, 1),      # crawl_errors, kept out of the windows
+    (ok(b"", 503), 1, 1),                        # retries exhausted: crawl_errors
+    (ok(b"", 503), 0, 0),                        # a retry is no end: it is still in the backlog
+    (FetchError("RobotsUnavailable", retry_at=2e9), 0, 0),  # waiting for robots.txt: no end either
+])
+async def test_only_a_terminal_outcome_leaves_the_backlog(result, attempts: int, ended: int) -> None:
+    """urls_ended:{source} (issue 26) counts each URL's one end, in the outcome's own pipeline."""
+    run = await Run(result, attempts=attempts)()
+    assert run.redis.integer(urls_ended_key(SOURCE)) == ended

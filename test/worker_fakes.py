@@ -54,7 +54,7 @@ class FakeRedis:
             due = float(self.store.get(pace, 0))
             if ready(due) > now:
                 return [1, 0, str(ready(due) - now)]
-            left = await self.decr(bucket)
+            left = await self.decr(bucket) if bucket in self.store else -1  # no bucket: no key made
             if left >= 0:
                 self._incrby(requests, 1)
                 due = max(due, now) + interval

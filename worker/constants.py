@@ -63,6 +63,9 @@ HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts
 # Seconds between trims of a source's status windows (status60s/1hr/12hr): trimming on
 # every outcome was a third of its Redis commands (docs/decisions.md).
 STATS_TRIM_INTERVAL = 1.0
+# A source without an outcome this long is forgotten by the worker's stats (its trim and expiry
+# times): the memory follows the sources being crawled, not every source of the day.
+STATS_FORGET_SECONDS = 60.0
 
 # --- Token buckets (worker/tokens.py) -----------------------------------------
 # An empty bucket is polled by one task per source; the interval follows the
@@ -72,6 +75,11 @@ TOKEN_POLL_MAX = 0.25
 # The waiting sources' peeks share one MGET, at most one every this many seconds (a worker's
 # token reads per second do not grow with its sources).
 TOKEN_PEEK_INTERVAL = 0.01
+# A source whose task waits for tokens is scored in active_sources this often: the monitor
+# grants tokens only to sources active in its last ACTIVE_SOURCES_TICK_SECONDS (30 s).
+ACTIVE_HEARTBEAT_SECONDS = 10.0
+# A source no task asked tokens for in this long is forgotten by the worker's TokenBuckets.
+TOKENS_FORGET_SECONDS = 120.0
 # Requests to a source are spaced 1 / rate apart cluster-wide; one may go up to
 # PACE_CATCH_UP_SECONDS ahead of its even slot (a worker that was late catches up), and only
 # if the source's previous floor(rate) + 1 requests were sent at least SEND_WINDOW_SECONDS
@@ -119,7 +127,6 @@ NEW_SOURCE_REFRESH = 0.2      # seconds: how soon a source new to this worker ha
 # Per-source state (rates, latencies, token turns) of sources with no work here is dropped once
 # it holds this many more than twice the sources with work: bounded, and not rebuilt every refresh.
 FORGET_ABOVE = 2000
-DEMAND_INTERVAL = 10.0        # a source with work here is scored in active_sources at most this often
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom

@@ -30,18 +30,18 @@ from collections.abc import Awaitable, Callable
 
 from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
                               EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED)
-from common.contracts import (ACTIVE_SOURCES, ADAPTIVE_CEILING_FIELD, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC,
+from common.contracts import (ADAPTIVE_CEILING_FIELD, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC,
                               REJECTED_TOPIC, URLS_TOPIC, CrawlRequest, InvalidMessage, adaptive_key,
                               crawl_error_message, parse_crawl_request, rate_limit_key, rejected_message)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
-from common.source_sets import read_halts
+from common.source_sets import read_source_sets
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
 from common.statuses import Status
 from worker import metrics
 from worker.allocation import reserve
-from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, DEMAND_INTERVAL,
+from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
                               PARK_DEFAULT_SECONDS, POLL_BATCH, POLL_TIMEOUT, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
                               QUEUE_UNRATED, REFRESH_INTERVAL)
@@ -94,7 +94,6 @@ class Scheduler:
         self._limits: dict[str, float] = {}        # source -> its limit (adaptive:{source} ceiling), if parked
         self._parked_lately: set[str] = set()      # sources parked since the last refresh: their limit is read
                                                    # (with the sources new here), for _pace
-        self._demand_told: dict[str, float] = {}   # source -> when active_sources last heard of it here
         self._new_work: set[str] = set()           # sources queued since the last refresh
         self._next_refresh = 0.0
         self._last_refresh = 0.0
@@ -134,9 +133,8 @@ class Scheduler:
         working = set(self._pending) | set(self._inflight)
         names = sorted(working)
         now = self._clock()
-        told = {s: now for s in self._new_work if now - self._demand_told.get(s, 0.0) >= DEMAND_INTERVAL}
         try:
-            sets = await read_halts(self._redis)
+            sets = await read_source_sets(self._redis, inbound=False)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
             # The limits of the sources new here or parked lately (not of every source each time).
             fresh, self._parked_lately = sorted(self._parked_lately | (self._new_work & working)), set()
@@ -146,16 +144,10 @@ class Scheduler:
                     pipe.hget(adaptive_key(source), ADAPTIVE_CEILING_FIELD)
                 self._limits.update({s: limit for s, raw in zip(fresh, await pipe.execute(), strict=True)
                                      if (limit := _as_rate(raw)) is not None})
-            if told:
-                # The regulator grants tokens to the sources active lately: these have work here.
-                await self._redis.zadd(ACTIVE_SOURCES, told, gt=True)
         except Exception as exc:  # noqa: BLE001 - Redis away (any client error): keep the last known state
             log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
             return
         self._new_work.clear()
-        self._demand_told.update(told)
-        if len(self._demand_told) > 2 * len(working) + FORGET_ABOVE:  # only recent ones matter
-            self._demand_told = {s: t for s, t in self._demand_told.items() if now - t < DEMAND_INTERVAL}
         self.halted, self._temp_halted = sets.halted, sets.temp_halted
         self._tokens.halt(set(sets.stopped))
         # A rate missing from Redis (restarted empty, say) keeps its last known value:
@@ -169,7 +161,6 @@ class Scheduler:
             self._latency = {s: v for s, v in self._latency.items() if s in working}
             self._limits = {s: v for s, v in self._limits.items() if s in working}
             self._park_at = {s: t for s, t in self._park_at.items() if t > now}
-            self._tokens.forget(working)
         for source in sets.stopped & working:
             if source in self._pending:  # its queue goes to wait: the slots go to the others
                 jobs = self._pending.pop(source)

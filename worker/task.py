@@ -168,14 +168,15 @@ class ImageTask:
             refused = again
         log_event(EVENT_OUTCOME_UNWRITABLE, identifier=request.uuid, url=request.url, source=request.source,
                   reason=refused.status, error=refused.error)
-        await self._record(request.source, refused.status, success=False, windows=in_windows(refused.status))
+        await self._record(request.source, refused.status, success=False, windows=in_windows(refused.status),
+                           terminal=True)  # its end, though only the log has it
 
     async def _fetched(self, request: CrawlRequest, fetched: Fetched) -> None:
         status = fetched.status
         ttfb = fetched.ttfb
         if status in LINK_ROT_STATUSES:
             await self._send(LINK_ROT_TOPIC, link_rot_message(request.uuid))
-            await self._record(request.source, str(status), success=False, ttfb=ttfb)
+            await self._record(request.source, str(status), success=False, ttfb=ttfb, terminal=True)
             metrics.outcome(metrics.LINK_ROT)
         elif status == 429 or status >= 500:
             await self._retry_or_fail(request, str(status), status, ttfb)
@@ -201,7 +202,7 @@ class ImageTask:
         await self._send(METADATA_TOPIC, quality_message(
             request.uuid, analysis.width, analysis.height, analysis.compression_quality,
             fetched.size, x_robots_tag=directives))
-        await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb)
+        await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb, terminal=True)
         metrics.outcome(metrics.SUCCESS)
 
     async def _wait_for_robots(self, request: CrawlRequest, retry_at: float) -> None:
@@ -222,7 +223,7 @@ class ImageTask:
         if request.attempts < self._max_retries:
             retry = replace(request, attempts=request.attempts + 1)
             await self._send(INBOUND_TOPIC, retry.to_json())
-            await self._record(request.source, status, success=False, ttfb=ttfb)
+            await self._record(request.source, status, success=False, ttfb=ttfb, terminal=False)
             metrics.outcome(metrics.RETRY)
         else:
             await self._fail(request, status, http_status, ttfb=ttfb)
@@ -231,15 +232,17 @@ class ImageTask:
                     windows: bool = True, ttfb: float | None = None) -> None:
         reason = f"HTTP {status}" if status.isdigit() else status
         await self._send(CRAWL_ERRORS_TOPIC, crawl_error_message(request, reason, http_status))
-        await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb)
+        await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb, terminal=True)
         metrics.outcome(metrics.CRAWL_ERROR)
 
     async def _send(self, topic: str, value: bytes) -> None:
         await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))
 
     async def _record(self, source: str, status: str, success: bool, windows: bool = True,
-                      ttfb: float | None = None) -> None:
-        await persist("redis_stats", lambda: self._stats.record(source, status, success, windows, ttfb))
+                      ttfb: float | None = None, *, terminal: bool) -> None:
+        """``terminal``: the URL's one outcome (it leaves its source's backlog); False for a retry."""
+        await persist("redis_stats", lambda: self._stats.record(source, status, success, windows, ttfb,
+                                                                terminal=terminal))
 
 
 def _header_values(headers: Mapping[str, str], name: str) -> list[Any]:

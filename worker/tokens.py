@@ -52,13 +52,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
-from common.contracts import allowed_per_second, send_pace_key, sent_log_key, source_requests_key, tokens_key
+from common.contracts import (ACTIVE_SOURCES, allowed_per_second, rate_limit_key, send_pace_key, sent_log_key,
+                              source_requests_key, tokens_key)
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
-from worker.constants import (ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS, PACE_CATCH_UP_SECONDS, SEND_LOG_MAX,
+from common.redis_values import non_negative
+from worker.constants import (ACTIVE_HEARTBEAT_SECONDS, ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS,
+                              PACE_CATCH_UP_SECONDS, SEND_LOG_MAX, TOKENS_FORGET_SECONDS,
                               SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS, TOKEN_ANSWER_SMOOTHING,
                               TOKEN_PEEK_INTERVAL, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
 
@@ -95,7 +98,10 @@ local at = ready(due)
 if at > now then
   return {1, 0, tostring(at - now)}
 end
-local left = redis.call('DECR', KEYS[2])
+local left = -1
+if redis.call('EXISTS', KEYS[2]) == 1 then  -- a DECR of no bucket would leave a key that never expires
+  left = redis.call('DECR', KEYS[2])
+end
 if left >= 0 then
   redis.call('INCR', KEYS[3])
   due = math.max(due, now) + interval
@@ -156,10 +162,33 @@ class TokenBuckets:
         self._forfeited: dict[str, int] = {}  # source -> tokens forfeited since the last report
         self._slowest_answer = 0.0
         self._forfeits_reported_at = float("-inf")
+        self._marked: dict[str, float] = {}  # source -> when it was last scored as waiting (wall clock)
+        self._used_at: dict[str, float] = {}  # source -> when a token was last asked for (monotonic)
+        self._next_forget = 0.0
+        self._next_mark_prune = 0.0
 
     def one_at_a_time(self, source: str) -> asyncio.Lock:
         """Held while a task waits for its token, so a source has one poller at a time."""
+        self._forget_idle()
         return self._locks.setdefault(source, asyncio.Lock())
+
+    def _forget_idle(self) -> None:
+        """Drop what is kept for sources no task has waited for lately: a worker crawling
+        100,000 sites a day must not keep a lock, a pace and a rate for each (issue 26). A
+        forgotten source starts afresh: its rate is read again at its next token, and its pace
+        and send log are in Redis."""
+        now = time.monotonic()
+        if now < self._next_forget:
+            return
+        self._next_forget = now + TOKENS_FORGET_SECONDS
+        idle = [source for source in set(self._locks) | set(self._next_send) | set(self._last_rate)
+                if not (source in self._locks and self._locks[source].locked())
+                and self._next_send.get(source, 0.0) < now - TOKENS_FORGET_SECONDS
+                and self._used_at.get(source, 0.0) < now - TOKENS_FORGET_SECONDS]
+        for source in idle:
+            for kept in (self._locks, self._next_send, self._last_rate, self._used_at):
+                kept.pop(source, None)
+            self._stocked.discard(source)
 
     async def until_available(self, source: str) -> float:
         """Wait until the bucket of ``source`` holds a token (without taking it); returns the seconds waited."""
@@ -200,6 +229,7 @@ class TokenBuckets:
                 batch, self._peeks = self._peeks, {}
                 try:
                     values = await self._redis.mget([tokens_key(source) for source in batch])
+                    await self._mark_waiting(batch)
                 except Exception as exc:  # noqa: BLE001 - Redis away: each waiter's own retry handles it
                     for future in batch.values():
                         if not future.done():
@@ -210,6 +240,23 @@ class TokenBuckets:
                         future.set_result(value)
         finally:
             self._peeking = None
+
+    async def _mark_waiting(self, sources: Iterable[str]) -> None:
+        """Score the sources whose tasks wait for tokens in ``active_sources``, at most every
+        ACTIVE_HEARTBEAT_SECONDS each: the monitor grants tokens only to the sources active
+        lately (issue 26), and a new source has no outcome yet, a slow or paused one none for
+        a long while."""
+        now = time.time()
+        due = {source: now for source in sources if self._marked.get(source, 0.0) <= now - ACTIVE_HEARTBEAT_SECONDS}
+        if not due:
+            return
+        if now >= self._next_mark_prune:  # only the sources waiting lately are remembered
+            self._next_mark_prune = now + ACTIVE_HEARTBEAT_SECONDS
+            self._marked = {s: at for s, at in self._marked.items() if at > now - ACTIVE_HEARTBEAT_SECONDS}
+        self._marked.update(due)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(ACTIVE_SOURCES, due, gt=True)
+        await pipe.execute()
 
     def _pacing_rate(self, source: str) -> float | None:
         """The rate to space requests by. While a source is paused or halted the monitor
@@ -224,6 +271,13 @@ class TokenBuckets:
     async def take(self, source: str) -> bool:
         """Claim the source's send turn, spend one token and count the request: True if it may go now."""
         rate = self._pacing_rate(source)
+        if rate is None:
+            # New to this worker, whose view of the rates is refreshed every few seconds: the
+            # monitor publishes the rate with the first tokens, so read it rather than send
+            # unpaced (a source is granted tokens once a worker waits for them: issue 26).
+            rate = non_negative(await self._redis.get(rate_limit_key(source))) or None
+            if rate is not None:
+                self._last_rate[source] = rate
         # Unknown rate: the bucket alone decides (the monitor publishes the rate with the bucket).
         interval, length, window = (1.0 / rate, send_log_length(rate), window_for(rate)) if rate else (0.0, 0, 0.0)
         asked = time.monotonic()
@@ -232,6 +286,7 @@ class TokenBuckets:
             args=[f"{interval:.6f}", f"{PACE_CATCH_UP_SECONDS:.6f}", str(length), f"{window:.6f}"])
         answered = time.monotonic()
         self._next_send[source] = answered + float(wait)
+        self._used_at[source] = answered
         if left > 0:
             self._stocked.add(source)
         granted = not paced and left >= 0
@@ -276,17 +331,6 @@ class TokenBuckets:
         rate = self._rate_of(source) or 0.0
         interval = TOKEN_POLL_MAX if rate <= 0 else min(TOKEN_POLL_MAX, max(TOKEN_POLL_MIN, 0.2 / rate))
         return interval * random.uniform(0.8, 1.2)  # workers sharing a source spread their polls
-
-    def forget(self, keep: set[str]) -> None:
-        """Drop the state of sources other than ``keep`` (the scheduler's sources with work):
-        a worker meets millions of sources over a crawl, a few thousand at a time (issue 26).
-        A source waiting for its turn or holding its lock is kept."""
-        now = time.monotonic()
-        for source in [s for s in self._locks if s not in keep and not self._locks[s].locked()]:
-            del self._locks[source]
-        self._next_send = {s: t for s, t in self._next_send.items() if s in keep or t > now}
-        self._last_rate = {s: r for s, r in self._last_rate.items() if s in keep or s in self._locks}
-        self._stocked &= keep
 
     def halt(self, sources: set[str]) -> None:
         """The sources whose waiting tasks should give up (``halted`` and ``temp_halted``)."""

@@ -139,6 +139,7 @@ function sourceRow(name, s, specific, now) {
     el("td", { title: `${Math.round(use * 100)}% of the limit` },
       el("div", { class: "bar" }, el("span", { style: `width:${(use * 100).toFixed(0)}%` }))),
     el("td", { class: "num" }, fmt(s.successes, 0)),
+    el("td", { class: "num" }, fmt(s.backlog, 0)),
     errorCell,
     el("td", {}, statusList(specific && specific.last_50_statuses, "statuses")),
     el("td", { class: "num" }, fmt(s.tokens, 0)),
@@ -171,6 +172,11 @@ async function poll() {
     renderGeneral(update, status.sources);
     renderChart(now);
     renderSources(update, status.sources, now);
+    const omitted = document.getElementById("omitted");
+    omitted.hidden = !status.sources_omitted;
+    omitted.textContent = status.sources_omitted
+      ? `and ${fmt(status.sources_omitted, 0)} more sources with nothing crawled in the last 10 minutes ` +
+        "(python -m crawl_monitor.ctl status lists every source)" : "";
   } catch (err) {
     banner.hidden = false;
     banner.textContent = `Cannot reach the monitor: ${err.message}`;
