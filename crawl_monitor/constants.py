@@ -59,7 +59,7 @@ ADAPTIVE_ANSWER_LAG_SECONDS = 0.25  # ... counting answers recorded this long (p
                                     # the change: a worker records one after its image work and upload
 ADAPTIVE_DECREASE = 0.7          # x this when responses slow down (past the slow start, which halves)
 ADAPTIVE_STEP_RPS = 1.0          # after the first slow-down it climbs back by the larger of these
-ADAPTIVE_STEP_SHARE = 0.02       # ... (share of the limit) per fresh reading
+ADAPTIVE_STEP_SHARE = 0.02       # ... (share of the limit) per judged bucket
 ADAPTIVE_MIN_SAMPLES = 10        # responses a verdict needs (merged over buckets for a slow source)
 ADAPTIVE_SLOW_FACTOR = 2.0       # slowed: the recent median above this times the baseline
 ADAPTIVE_SLOW_MIN_EXTRA_MS = 100.0   # ... and at least this much above it (loopback noise is not load)
