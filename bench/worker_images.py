@@ -58,6 +58,7 @@ from worker.fetch import Fetcher
 from worker.http_client import HttpClient
 from worker.imaging import RESAMPLE
 from worker.pool import ImagePool, default_pool_size
+from worker.stats import RECORD
 from worker.shared_memory import SegmentPool
 from worker.stats import Stats
 from worker.task import ImageTask
@@ -285,7 +286,10 @@ class _NullRedis(FakeRedis):
     def register_script(self, script: str):
         async def always_a_token(keys: list[str], args: list[str]) -> list:
             return [0, 1_000_000, "0"]
-        return always_a_token
+
+        async def recorded(keys: list[str], args: list[str]) -> list:
+            return []  # stats.RECORD: no command failed
+        return recorded if script == RECORD else always_a_token
 
     def pipeline(self, transaction: bool = True):
         return _NullPipeline()

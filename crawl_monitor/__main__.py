@@ -84,8 +84,7 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
         "splitter": splitter.run_splitter(lambda: splitter.connect(settings, limit_of=regulator.limit_of),
                                            settings.shutdown_timeout),
         "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
-        "regulator": every(TICK_SECONDS, lambda: regulator.tick(time.time()), "regulator"),
-        "adaptation": every(TICK_SECONDS, adaptation.update, "adaptation"),
+        "regulator": every(TICK_SECONDS, lambda: _adapt_then_grant(adaptation, regulator), "regulator"),
         "circuit_breaker": every(BREAKER_CHECK_SECONDS, lambda: breaker.check(time.time()), "circuit_breaker"),
         "monitoring": every(MONITORING_INTERVAL_SECONDS, monitoring.update, "monitoring"),
     }
@@ -119,6 +118,17 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
     log_event(EVENT_MONITOR_STOPPED, failed=failures)
     if failures:
         raise ComponentFailed(f"monitor component(s) stopped: {failures}")
+
+
+async def _adapt_then_grant(adaptation: Adaptation, regulator: Regulator) -> None:
+    """The back-off's verdicts go out in the same second's grants: its slow start doubles a
+    source's rate each second, and a tick's wait would make the loop twice as long. A failed
+    update is logged and the regulator grants what the back-off allowed before."""
+    try:
+        await adaptation.update()
+    except Exception as exc:  # noqa: BLE001 - the buckets must still be set
+        log_event(EVENT_MONITOR_COMPONENT_ERROR, component="adaptation", error=f"{type(exc).__name__}: {exc}")
+    await regulator.tick(time.time())
 
 
 async def _start_dashboard(settings: Settings, redis: aioredis.Redis,

@@ -18,14 +18,20 @@ a step (the larger of 1 req/s and 2% of the ceiling). Never above the ceiling, n
 below ``ADAPTIVE_FLOOR_RPS``. Each change is judged again only on responses to requests
 made after it (buckets that started later), so one slow queue is not punished twice.
 
-A source new to the monitor starts at a tenth of its ceiling and doubles while answers
-stay fast (TCP's slow start): a site saturated from the first second would otherwise
-teach a saturated baseline. The state is kept in ``adaptive:{source}``, so a monitor that
-takes over continues where the last one was; ``adaptive_off:{source}`` switches a source
-back to its ceiling.
+A source new to the monitor starts at a tenth of its ceiling (a site saturated from the
+first second would otherwise teach a saturated baseline) and doubles while answers stay
+fast (TCP's slow start). Waiting for complete buckets of 10 answers made that ~10 s per
+doubling at a few req/s (issue 28), so the slow start is judged every second on the answers
+recorded since the last look (``observe_fresh``): a few (``ADAPTIVE_SLOW_START_SAMPLES``),
+to requests made after the last doubling, tell "as fast as at first" from "slower". The
+first slow-down halves the multiplier (back to the last rate answered fast) and ends the
+slow start. The state is kept in ``adaptive:{source}``, so a monitor that takes over
+continues where the last one was; ``adaptive_off:{source}`` switches a source back to its
+ceiling.
 
 ``Controller`` is the decision, pure; ``Adaptation`` reads and writes Redis around it. The
-regulator asks ``Adaptation.effective`` for each source it grants a rate.
+regulator asks ``Adaptation.effective`` for each source it grants a rate; the monitor runs
+``Adaptation.update`` just before each of the regulator's ticks, so a verdict is granted at once.
 """
 from __future__ import annotations
 
@@ -39,21 +45,24 @@ from common.protocols import AsyncRedis
 from common.redis_values import as_text, finite_number
 from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket
 from crawl_monitor.active_sources import active_since
-from crawl_monitor.constants import (ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
+from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE, ADAPTIVE_FLOOR_RPS,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
                                      ADAPTIVE_RECOVERED_FACTOR, ADAPTIVE_RECOVERED_MIN_EXTRA_MS,
-                                     ADAPTIVE_SLOW_FACTOR, ADAPTIVE_SLOW_MIN_EXTRA_MS, ADAPTIVE_START_SHARE,
-                                     ADAPTIVE_STATE_TTL_SECONDS, ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE)
+                                     ADAPTIVE_SLOW_FACTOR, ADAPTIVE_SLOW_MIN_EXTRA_MS, ADAPTIVE_SLOW_START_SAMPLES,
+                                     ADAPTIVE_START_SHARE, ADAPTIVE_STATE_TTL_SECONDS, ADAPTIVE_STEP_RPS,
+                                     ADAPTIVE_STEP_SHARE)
 
 DOWN, UP, HOLD, WAIT, OFF = "down", "up", "hold", "wait", "off"
 
 
 @dataclass(frozen=True)
 class Reading:
-    """One response bucket of one source: counts by latency bin, and overload answers."""
-    start: int
+    """Answers of one source: counts by latency bin, and overload answers. ``start`` is the
+    start of their 2-second bucket (Unix s) or, for answers counted as they are recorded
+    (the slow start's), of the span since the last look."""
+    start: float
     bins: dict[int, int]
     overload: int = 0
 
@@ -62,8 +71,8 @@ class Reading:
         return sum(self.bins.values()) + self.overload
 
 
-def _merged(readings: Iterable[Reading]) -> tuple[dict[int, int], int, int]:
-    """The newest readings merged until they hold ADAPTIVE_MIN_SAMPLES answers."""
+def _merged(readings: Iterable[Reading], enough: int = ADAPTIVE_MIN_SAMPLES) -> tuple[dict[int, int], int, int]:
+    """The newest readings merged until they hold ``enough`` answers."""
     bins: dict[int, int] = {}
     overload = total = 0
     for reading in readings:
@@ -71,9 +80,20 @@ def _merged(readings: Iterable[Reading]) -> tuple[dict[int, int], int, int]:
             bins[index] = bins.get(index, 0) + n
         overload += reading.overload
         total += reading.total
-        if total >= ADAPTIVE_MIN_SAMPLES:
+        if total >= enough:
             break
     return bins, overload, total
+
+
+def answers_since(now: tuple[dict[int, int], int], before: tuple[dict[int, int], int] | None
+                  ) -> tuple[dict[int, int], int]:
+    """A bucket's answers recorded between two reads of it (its counts only grow)."""
+    bins, overload = now
+    if before is None:
+        return bins, overload
+    old_bins, old_overload = before
+    fresh = {index: n - old_bins.get(index, 0) for index, n in bins.items() if n > old_bins.get(index, 0)}
+    return fresh, max(0, overload - old_overload)
 
 
 def floor_share(ceiling: float) -> float:
@@ -81,9 +101,13 @@ def floor_share(ceiling: float) -> float:
     return 1.0 if ceiling <= ADAPTIVE_FLOOR_RPS else ADAPTIVE_FLOOR_RPS / ceiling
 
 
+SLOW, FAST = "slow", "fast"
+
+
 @dataclass
 class Controller:
-    """One source's AIMD state. ``observe`` each completed bucket, in order."""
+    """One source's AIMD state. ``observe`` each completed bucket, in order, and during the
+    slow start ``observe_fresh`` the answers recorded since the last look, every second."""
     multiplier: float = ADAPTIVE_START_SHARE
     slow_start: bool = True           # doubling until the first slow-down
     baseline_ms: float | None = None  # as set at baseline_at; ``baseline(now)`` adds the drift
@@ -91,6 +115,7 @@ class Controller:
     recent_ms: float | None = None
     changed_at: float = float("-inf")  # buckets that started before this are not judged again
     readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))
+    fresh: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))  # since the change
 
     def rate(self, ceiling: float) -> float:
         return ceiling * max(self.multiplier, floor_share(ceiling))
@@ -117,32 +142,77 @@ class Controller:
         if not enabled:
             self.switch_off()
             return OFF
-        bins, overload, total = _merged(r for r in newest if r.start >= self.changed_at)
-        baseline = self.baseline(now)
-        if total < ADAPTIVE_MIN_SAMPLES or baseline is None:
-            return WAIT
-        median = median_ms(bins)
-        overloaded = overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total
-        slow = median is not None and median > max(ADAPTIVE_SLOW_FACTOR * baseline,
-                                                   baseline + ADAPTIVE_SLOW_MIN_EXTRA_MS)
         lowest = floor_share(ceiling)
-        if overloaded or slow:
+        if self.slow_start:
+            if lowest < 1.0:
+                return WAIT  # judged each second on the answers as they come (``observe_fresh``)
+            self.multiplier, self.slow_start = 1.0, False  # at most the floor: nothing to start
+        bins, overload, total = _merged(r for r in newest if r.start >= self.changed_at)
+        if total < ADAPTIVE_MIN_SAMPLES:
+            return WAIT
+        baseline = self.baseline(now)
+        verdict = self._judge(bins, overload, total, baseline)
+        if verdict == SLOW:
             self.multiplier = max(lowest, min(1.0, self.multiplier) * ADAPTIVE_DECREASE)
-            self.slow_start = False
-            self.changed_at = now
+            self._changed(now)
             return DOWN
-        fast = median is not None and median <= max(ADAPTIVE_RECOVERED_FACTOR * baseline,
-                                                    baseline + ADAPTIVE_RECOVERED_MIN_EXTRA_MS)
-        if fast and self.multiplier < 1.0:
-            if self.slow_start:
-                grown = max(self.multiplier, lowest) * 2
-            else:
-                grown = self.multiplier + max(ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE * ceiling) / ceiling
-            self.multiplier = min(1.0, grown)
-            self.slow_start = self.slow_start and self.multiplier < 1.0
-            self.changed_at = now
+        if verdict == FAST and self.multiplier < 1.0:
+            step = max(ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE * ceiling) / ceiling
+            self.multiplier = min(1.0, self.multiplier + step)
+            self._changed(now)
+            return UP
+        return WAIT if baseline is None else HOLD
+
+    def observe_fresh(self, reading: Reading, ceiling: float, now: float) -> str:
+        """The slow start: answers recorded from ``reading.start`` to ``now``. Double once a
+        few answers to requests made after the last change are as fast as at first; at the
+        first slow-down halve, back to the last rate answered fast, and end the slow start."""
+        if not self.slow_start:
+            return WAIT
+        # Most of the span must come after the change, by the site's time and the worker's lag.
+        lag = ADAPTIVE_ANSWER_LAG_SECONDS + (self.baseline(now) or 0.0) / 1000
+        if (reading.start + now) / 2 < self.changed_at + lag:
+            return WAIT
+        self.fresh.append(reading)
+        bins, overload, total = _merged(reversed(self.fresh), ADAPTIVE_SLOW_START_SAMPLES)
+        if total < ADAPTIVE_SLOW_START_SAMPLES:
+            return WAIT
+        median, baseline = median_ms(bins), self.baseline(now)
+        if median is not None and (baseline is None or median < baseline):
+            self.baseline_ms, self.baseline_at = median, now
+        verdict = self._judge(bins, overload, total, self.baseline(now))
+        lowest = floor_share(ceiling)
+        if verdict == SLOW:
+            self.multiplier = max(lowest, max(self.multiplier, lowest) / 2)
+            self.slow_start = False
+            self._changed(now)
+            return DOWN
+        if verdict == FAST:
+            self.multiplier = min(1.0, max(self.multiplier, lowest) * 2)
+            self.slow_start = self.multiplier < 1.0
+            self._changed(now)
             return UP
         return HOLD
+
+    @staticmethod
+    def _judge(bins: dict[int, int], overload: int, total: int, baseline: float | None) -> str | None:
+        """SLOW (past 2x the baseline and +100 ms, or overload answers past 5%), FAST (within
+        1.5x or +50 ms), or None: in between, or no baseline to judge by."""
+        if overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total:
+            return SLOW
+        median = median_ms(bins)
+        if median is None or baseline is None:
+            return None
+        if median > max(ADAPTIVE_SLOW_FACTOR * baseline, baseline + ADAPTIVE_SLOW_MIN_EXTRA_MS):
+            return SLOW
+        if median <= max(ADAPTIVE_RECOVERED_FACTOR * baseline, baseline + ADAPTIVE_RECOVERED_MIN_EXTRA_MS):
+            return FAST
+        return None
+
+    def _changed(self, now: float) -> None:
+        """A new multiplier: only answers to requests made under it judge it."""
+        self.changed_at = now
+        self.fresh.clear()
 
     def switch_off(self) -> None:
         """``adaptive_off:{source}``: the whole ceiling, and no slow start once switched back on."""
@@ -192,6 +262,8 @@ class Adaptation:
         self._saved_as: dict[str, tuple[float, bool]] = {}  # source -> (ceiling, enabled) last saved
         self._asked_at: dict[str, float] = {}  # source -> when the regulator last asked (its clock)
         self._next_forget = 0.0
+        # Slow-starting source -> (when last read, its open buckets' counts then), for the answers since.
+        self._open_counts: dict[str, tuple[float, dict[int, tuple[dict[int, int], int]]]] = {}
 
     def effective(self, source: str, ceiling: float) -> float:
         """The rate to grant a source whose limit is ``ceiling`` (req/s) this second."""
@@ -206,7 +278,8 @@ class Adaptation:
         return controller.rate(ceiling)
 
     async def update(self) -> None:
-        """Once a second: the switches, any saved state of new sources, and the buckets that ended.
+        """Once a second: the switches, any saved state of new sources, the buckets that ended,
+        and the slow-starting sources' open buckets (for the answers recorded since the last look).
 
         Only the sources the regulator granted a rate lately are considered (issue 26: not every
         source ever seen), and of them only those with an outcome since the oldest due bucket
@@ -225,7 +298,11 @@ class Adaptation:
         if self._next_bucket is None or self._next_bucket < oldest_kept:  # new, or stalled for long
             self._next_bucket = last_complete
         due = list(range(self._next_bucket, last_complete + 1, RESPONSE_BUCKET_SECONDS))
-        answered = sorted(await active_since(self._redis, due[0]) & set(sources)) if due else []
+        active = sorted(await active_since(self._redis, due[0] if due else now - RESPONSE_BUCKET_SECONDS)
+                        & set(sources))
+        answered = active if due else []
+        starting = [source for source in active if self._slow_starting(source)]
+        open_buckets = (bucket_start(now) - RESPONSE_BUCKET_SECONDS, bucket_start(now))
         unrestored = sorted(self._unrestored)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.mget([contracts.adaptive_off_key(s) for s in sources])
@@ -234,8 +311,12 @@ class Adaptation:
             for start in due:
                 for source in answered:
                     pipe.hgetall(contracts.response_times_key(source, start))
+            for source in starting:
+                for start in open_buckets:
+                    pipe.hgetall(contracts.response_times_key(source, start))
             replies = await pipe.execute()
-        switches, saved, buckets = replies[0], replies[1:1 + len(unrestored)], replies[1 + len(unrestored):]
+        switches, saved, rest = replies[0], replies[1:1 + len(unrestored)], replies[1 + len(unrestored):]
+        buckets, opened = rest[:len(due) * len(answered)], rest[len(due) * len(answered):]
         self.disabled = {s for s, value in zip(sources, switches, strict=True) if value is not None}
         for source in self.disabled:  # judged or not this second
             self.controllers[source].switch_off()
@@ -254,6 +335,14 @@ class Adaptation:
                     observed.add(source)
                     self.controllers[source].observe(Reading(start, bins, overload), self._ceilings[source], now,
                                                      enabled=source not in self.disabled)
+        raw_open = iter(opened)
+        fresh = {source: self._since_last_look(source, {start: next(raw_open) for start in open_buckets}, now)
+                 for source in starting}
+        self._open_counts = {source: self._open_counts[source] for source in starting}
+        for source, reading in fresh.items():
+            if reading.total and self._slow_starting(source):  # not if restored or switched off meanwhile
+                observed.add(source)
+                self.controllers[source].observe_fresh(reading, self._ceilings[source], now)
         await self._save(observed, sources)
 
     def _forget_unasked(self, now: float) -> None:
@@ -266,6 +355,27 @@ class Adaptation:
                 kept.pop(source, None)
             self._unrestored.discard(source)
             self.disabled.discard(source)
+
+    def _since_last_look(self, source: str, raw_buckets: dict[int, dict], now: float) -> Reading:
+        """The answers recorded in a source's open buckets since they were last read (all of
+        them, from the older bucket's start, at the first look)."""
+        looked_at, before = self._open_counts.get(source, (min(raw_buckets), {}))
+        counts = {start: parse_bucket(raw or {}) for start, raw in raw_buckets.items()}
+        self._open_counts[source] = (now, counts)
+        bins: dict[int, int] = {}
+        overload = 0
+        for start, counted in counts.items():
+            new_bins, new_overload = answers_since(counted, before.get(start))
+            for index, n in new_bins.items():
+                bins[index] = bins.get(index, 0) + n
+            overload += new_overload
+        return Reading(looked_at, bins, overload)
+
+    def _slow_starting(self, source: str) -> bool:
+        """In slow start below its ceiling: judged on its answers every second."""
+        ceiling = self._ceilings[source]
+        return (self.controllers[source].slow_start and source not in self.disabled
+                and floor_share(ceiling) < 1.0)
 
     async def _save(self, observed: set[str], sources: list[str]) -> None:
         """``adaptive:{source}`` of the sources just judged and of those whose ceiling or switch

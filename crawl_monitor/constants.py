@@ -54,9 +54,12 @@ SPLIT_PARTITION_CHECK_SECONDS = 60.0  # how soon partitions an operator adds to 
 # --- Adaptive back-off (crawl_monitor.adaptive; docs/decisions.md, "Adaptive back-off").
 ADAPTIVE_FLOOR_RPS = 1.0         # adaptation never takes a source below this (nor above its limit)
 ADAPTIVE_START_SHARE = 0.1       # a source new to the monitor starts at this share of its limit...
-ADAPTIVE_DECREASE = 0.7          # ... doubles while responses stay fast; x this when they do not
+ADAPTIVE_SLOW_START_SAMPLES = 3  # ... doubles each time this many fresh answers are as fast as at first
+ADAPTIVE_ANSWER_LAG_SECONDS = 0.25  # ... counting answers recorded this long (plus the site's time) after
+                                    # the change: a worker records one after its image work and upload
+ADAPTIVE_DECREASE = 0.7          # x this when responses slow down (past the slow start, which halves)
 ADAPTIVE_STEP_RPS = 1.0          # after the first slow-down it climbs back by the larger of these
-ADAPTIVE_STEP_SHARE = 0.02       # ... (share of the limit) per fresh reading
+ADAPTIVE_STEP_SHARE = 0.02       # ... (share of the limit) per judged bucket
 ADAPTIVE_MIN_SAMPLES = 10        # responses a verdict needs (merged over buckets for a slow source)
 ADAPTIVE_SLOW_FACTOR = 2.0       # slowed: the recent median above this times the baseline
 ADAPTIVE_SLOW_MIN_EXTRA_MS = 100.0   # ... and at least this much above it (loopback noise is not load)

@@ -23,6 +23,7 @@ from common.jsonlog import log_event
 from common.settings import DEFAULT_USER_AGENT
 from demo.cluster import Cluster
 from demo.crawl import crawl
+from demo.grants import GrantLog
 from demo.outcomes import Outcomes
 from demo.results import download_thumbnails, error_reasons, format_table, summarize, write_topics
 from demo.sample import sample_web
@@ -78,8 +79,9 @@ def run() -> int:
         dashboard = _port(DASHBOARD_PORT)
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
         # Each worker's /metrics on a free port of its own, which it logs (worker_metrics_started).
-        with crawl(web, plan, base, OUT, WORKERS, MONITOR_PORT=str(dashboard),
-                   WORKER_METRICS_PORT="0") as (cluster, outcomes):
+        with (GrantLog(addresses.redis_url, web.sites) as grants,
+              crawl(web, plan, base, OUT, WORKERS, MONITOR_PORT=str(dashboard),
+                    WORKER_METRICS_PORT="0") as (cluster, outcomes)):
             print(f"monitor and {WORKERS} workers running, crawl scheduled; "
                   f"dashboard http://127.0.0.1:{dashboard}/ ; logs in {OUT}/", flush=True)
             ports = [child.logged(EVENT_WORKER_METRICS_STARTED, METRICS_WAIT)["port"]
@@ -90,7 +92,7 @@ def run() -> int:
                 complete = outcomes.wait(CRAWL_TIMEOUT, _progress(outcomes, cluster, bar))
             print("stopping the crawler...", flush=True)
             codes = cluster.stop()
-        rows = summarize(web, plan, outcomes, addresses.redis_url)
+        rows = summarize(web, plan, outcomes, addresses.redis_url, grants)
         thumbnails = download_thumbnails(
             addresses, [u for u in outcomes.kinds if outcomes.kind_of(u) == "quality"], OUT / "thumbnails")
         topic_files = write_topics(outcomes, OUT)

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import botocore.session
 import redis
 
-from common.contracts import CRAWL_ERRORS_TOPIC, rate_limit_key, thumbnail_key
+from common.contracts import CRAWL_ERRORS_TOPIC, adaptive_key, thumbnail_key
+from demo.grants import GrantLog
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
@@ -65,12 +66,15 @@ class SourceRow:
     requests: int
     mean_rps: float
     peak_rps: int
+    allowed: float | None  # the mean grant over the busy span: what the adaptive back-off allowed
     limit: float
 
 
-def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: str) -> list[SourceRow]:
-    """Per source: outcomes, and its achieved rate (mean over its busy span, and the busiest
-    one-second window) against the limit the monitor granted (or SPEC.md §3's computed rate, if unset)."""
+def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: str,
+              grants: GrantLog) -> list[SourceRow]:
+    """Per source: outcomes, its achieved rate (mean over its busy span, and the busiest
+    one-second window), what the monitor granted meanwhile (``grants``) and its limit (the
+    ceiling the adaptive back-off last saved, or SPEC.md §3's computed rate)."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     rows = []
     for name, site in web.sites.items():
@@ -78,11 +82,12 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
         kinds = [outcomes.kind_of(u) for u in uuids]
         times = [r.time for r in site.log if r.path != ROBOTS_PATH]
         span = max(times) - min(times) if len(times) > 1 else 0.0
-        granted = client.get(rate_limit_key(name))
+        ceiling = client.hget(adaptive_key(name), "ceiling")
         rows.append(SourceRow(
             name, len(uuids), kinds.count(QUALITY), kinds.count(LINK_ROT), kinds.count(CRAWL_ERRORS),
             len(times), (len(times) - 1) / span if span else 0.0, busiest_second(sorted(times))[0],
-            float(granted) if granted else spec_rate(site.spec.image_count)))
+            grants.mean(name, min(times), max(times)) if times else None,
+            float(ceiling) if ceiling else spec_rate(site.spec.image_count)))
     client.close()
     return rows
 
@@ -90,12 +95,16 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
 def format_table(rows: list[SourceRow]) -> str:
     """``polite``: no sliding second held more than floor(limit) + 1 requests (``allowed_per_second``)."""
     header = (f"{'source':<18}{'urls':>6}{'ok':>6}{'rot':>6}{'errors':>8}{'requests':>10}"
-              f"{'mean req/s':>12}{'peak 1s':>9}{'limit/s':>9}{'polite':>8}")
+              f"{'mean req/s':>12}{'peak 1s':>9}{'allowed/s':>11}{'limit/s':>9}{'polite':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
         polite = "yes" if r.peak_rps <= allowed_per_second(r.limit) else "NO"
+        allowed = "-" if r.allowed is None else f"{r.allowed:.2f}"
         lines.append(f"{r.source:<18}{r.urls:>6}{r.successes:>6}{r.link_rot:>6}{r.errors:>8}"
-                     f"{r.requests:>10}{r.mean_rps:>12.2f}{r.peak_rps:>9}{r.limit:>9.2f}{polite:>8}")
+                     f"{r.requests:>10}{r.mean_rps:>12.2f}{r.peak_rps:>9}{allowed:>11}{r.limit:>9.2f}{polite:>8}")
+    lines.append("allowed/s: the mean rate the adaptive back-off granted while the source was crawled (a new\n"
+                 "source starts at a tenth of its limit and doubles each second while its site answers as fast\n"
+                 "as at first); a mean req/s well below it means the workers were the bottleneck")
     return "\n".join(lines)
 
 

@@ -30,14 +30,72 @@ def test_bins_give_the_median_within_a_bin_and_ignore_junk() -> None:
     assert median_ms({}) is None
 
 
-def test_slow_start_doubles_from_a_tenth_while_answers_stay_fast() -> None:
+def fresh(since: float, ms: float, n: int = 3, overload: int = 0) -> Reading:
+    """The answers recorded from ``since`` to the next look (a second later)."""
+    return Reading(since, {bin_of(ms / 1000): n} if n else {}, overload)
+
+
+def test_slow_start_doubles_each_second_from_a_tenth_while_answers_stay_fast() -> None:
     c = Controller()
     assert c.rate(40) == 4.0
-    verdicts = [c.observe(reading(T0 + 2 * i, 200), 40, T0 + 2 * i + 3) for i in range(9)]
-    # Each change is judged on buckets started after it: every other bucket is fresh.
-    assert verdicts[:7] == [UP, WAIT, UP, WAIT, UP, WAIT, UP]
+    assert c.observe_fresh(fresh(T0, 30, n=2), 40, T0 + 1) == WAIT  # two answers are not yet a few
+    verdicts = [c.observe_fresh(fresh(T0 + i, 30), 40, T0 + i + 1) for i in range(1, 6)]
+    assert verdicts == [UP, UP, UP, UP, WAIT]  # 8, 16, 32, 40 req/s: a second each
     assert c.multiplier == 1.0 and not c.slow_start and c.rate(40) == 40
-    assert verdicts[7:] == [WAIT, HOLD]
+    assert c.baseline_ms == pytest.approx(30, rel=0.2)
+
+
+def test_slow_start_waits_for_answers_to_requests_made_after_the_change() -> None:
+    """A site answering in 0.6 s: the second after a doubling still brings the answers to
+    requests sent before it, so the doubling after waits a second longer."""
+    c = Controller()
+    assert c.observe_fresh(fresh(T0, 600), 40, T0 + 1) == UP
+    assert c.observe_fresh(fresh(T0 + 1, 600), 40, T0 + 2) == WAIT
+    assert c.observe_fresh(fresh(T0 + 2, 600), 40, T0 + 3) == UP
+    assert c.rate(40) == pytest.approx(16)
+
+
+def test_a_slow_down_in_the_slow_start_halves_the_rate_and_ends_it() -> None:
+    c = Controller()
+    for i in range(2):
+        assert c.observe_fresh(fresh(T0 + i, 200), 40, T0 + i + 1) == UP
+    assert c.rate(40) == pytest.approx(16)
+    assert c.observe_fresh(fresh(T0 + 2, 350), 40, T0 + 3) == HOLD   # between 1.5x and 2x: stay
+    assert c.observe_fresh(fresh(T0 + 3, 200, n=2, overload=2), 40, T0 + 4) == DOWN  # 2 timeouts of 4
+    assert c.rate(40) == pytest.approx(8) and not c.slow_start  # the last rate answered fast
+    # From here complete buckets judge it, by steps; answers as they come no longer do.
+    assert c.observe_fresh(fresh(T0 + 4, 200), 40, T0 + 5) == WAIT
+    assert c.observe(reading(T0 + 4, 200), 40, T0 + 7) == UP and c.rate(40) == pytest.approx(9)
+
+
+def test_complete_buckets_leave_the_slow_start_to_the_answers_as_they_come() -> None:
+    c = Controller()
+    assert c.observe(reading(T0, 200), 40, T0 + 3) == WAIT and c.rate(40) == 4
+    assert c.baseline_ms == pytest.approx(200, rel=0.1)  # but they teach the baseline
+    # A source whose floor is its whole limit has nothing to start: buckets judge it at once.
+    low = Controller()
+    assert low.observe(reading(T0, 200), 1, T0 + 3) == HOLD and low.rate(1) == 1 and not low.slow_start
+
+
+def test_the_slow_start_reaches_any_limit_within_seconds() -> None:
+    """Issue 28: a site answering as fast as at first gets its whole limit within 10 s of its
+    first request at any limit from 1 to 200 req/s. Modelled: requests evenly at the granted
+    rate, answered in 30 ms and recorded 0.1 s later, the monitor looking once a second."""
+    took = {}
+    for limit in (1, 2, 3, 5, 7.5, 10, 12, 15, 20, 40, 60, 120.4, 200):
+        c, t, sent, answers, looked = Controller(), T0, T0, [], T0
+        while c.rate(limit) < limit and t < T0 + 30:
+            t += 0.01
+            while sent + 1 / c.rate(limit) <= t:
+                sent += 1 / c.rate(limit)
+                answers.append(sent + 0.13)
+            if t >= looked + 1:
+                n = sum(looked < at <= t for at in answers)
+                if n:
+                    c.observe_fresh(fresh(looked, 30, n=n), limit, t)
+                looked = t
+        took[limit] = t - T0
+    assert max(took.values()) <= 9, took
 
 
 def test_a_doubled_median_cuts_the_rate_then_it_climbs_back_by_steps() -> None:
@@ -119,10 +177,14 @@ def test_state_survives_a_monitor_restart_and_junk_starts_afresh() -> None:
 
 def model_site(enabled: bool, seconds: float = 120, dt: float = 0.05) -> tuple[float, float]:
     """A fluid model of the issue's site, 2 slots x 0.2 s behind 40 req/s, at most 24 requests
-    in flight (8 per host per worker, 3 workers): (median response after a minute, req/s served)."""
+    in flight (8 per host per worker, 3 workers): (median response after a minute, req/s served).
+    Answers are recorded when they come; the monitor looks once a second, as ``Adaptation`` does:
+    the buckets that ended a second ago, then (in slow start) the answers since its last look."""
     c, queue, t, credit = Controller(), 0.0, T0, 0.0
-    bins: dict[int, int] = {}
-    start = bucket_start(t)
+    pending: list[tuple[float, float]] = []  # (answered at, response s)
+    buckets: dict[int, dict[int, int]] = {}
+    since_look: dict[int, int] = {}
+    looked = T0
     responses, served = [], 0.0
     while t < T0 + seconds:
         rate = c.rate(40) if enabled else 40
@@ -134,14 +196,21 @@ def model_site(enabled: bool, seconds: float = 120, dt: float = 0.05) -> tuple[f
         credit += arrived
         while credit >= 1:
             credit -= 1
-            bins[bin_of(response)] = bins.get(bin_of(response), 0) + 1
+            pending.append((t + response, response))
             if t >= T0 + 60:
                 responses.append(response)
         served += done if t >= T0 + 60 else 0
         t += dt
-        if bucket_start(t - 1) - 2 >= start:
-            c.observe(Reading(start, bins), 40, t, enabled)
-            bins, start = {}, start + 2
+        for answer in [p for p in pending if p[0] <= t]:
+            pending.remove(answer)
+            for bins in (buckets.setdefault(bucket_start(answer[0]), {}), since_look):
+                bins[bin_of(answer[1])] = bins.get(bin_of(answer[1]), 0) + 1
+        if t >= looked + 1:
+            for start in sorted(b for b in buckets if b + RESPONSE_BUCKET_SECONDS + 1 <= t):
+                c.observe(Reading(start, buckets.pop(start)), 40, t, enabled)
+            if enabled and since_look and c.slow_start:
+                c.observe_fresh(Reading(looked, since_look), 40, t)
+            since_look, looked = {}, t
     return statistics.median(responses), served / (seconds - 60)
 
 
@@ -221,6 +290,28 @@ async def test_each_second_reads_and_saves_only_the_sources_with_answers() -> No
     await adaptation.update()
     assert float(store.hgetall(contracts.adaptive_key("quiet0"))["ceiling"]) == 80
     assert not store.hgetall(contracts.adaptive_key("quiet1"))
+
+
+async def test_a_new_source_is_judged_each_second_on_the_answers_since_the_last_look() -> None:
+    """Issue 28: the slow start reads the open buckets each second and counts each answer once."""
+    redis = FakeAsyncRedis()
+    store = redis.store
+    now = [T0 + 0.5]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    assert adaptation.effective("new", 40) == 4
+    answered(store, "new", now[0] - 0.3, 0.03, 2)
+    await adaptation.update()
+    assert adaptation.effective("new", 40) == 4       # two answers are not yet a few
+    now[0] += 1
+    await adaptation.update()                          # nothing new: the two are not counted again
+    assert adaptation.effective("new", 40) == 4
+    for second in range(2, 6):
+        now[0] = T0 + 0.5 + second
+        answered(store, "new", now[0] - 0.3, 0.03, 1 if second == 2 else 5)
+        await adaptation.update()
+    assert adaptation.effective("new", 40) == 40      # 8, 16, 32, 40: a second each
+    assert not adaptation.controllers["new"].slow_start
+    assert float(store.hgetall(contracts.adaptive_key("new"))["effective_rate"]) == 40
 
 
 def test_a_source_answering_now_and_then_is_judged_on_the_last_minute_only() -> None:

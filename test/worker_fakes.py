@@ -37,9 +37,12 @@ class FakeRedis:
         return True
 
     def register_script(self, script: str):
-        """The worker's one script (tokens.PACED_DECR), run in Python on the same keys."""
+        """The worker's scripts (tokens.PACED_DECR, stats.RECORD), run in Python on the same keys."""
+        from worker.stats import RECORD
         from worker.tokens import PACED_DECR
-        assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR"
+        if script == RECORD:
+            return self._record
+        assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR and stats record"
 
         async def paced_decr(keys: list[str], args: list[str]) -> list:
             pace, bucket, requests, log = keys
@@ -64,6 +67,37 @@ class FakeRedis:
                     del sent[length:]
             return [0, left, str(max(0.0, ready(due) - now))]
         return paced_decr
+
+    async def _record(self, keys: list[str], args: list) -> list:
+        """stats.RECORD's commands, through the fake pipeline."""
+        pipe = FakePipeline(self)
+        now, windows = float(args[0]), int(args[9])
+        pipe.zadd(keys[0], {args[1]: now}, gt=True)
+        if str(args[2]) == "1":
+            fields = str(args[7]).split()
+            for field in fields:
+                pipe.hincrby(keys[3], field, 1)
+            if fields and str(args[8]) != "0":
+                pipe.expire(keys[3], int(args[8]))
+            pipe.zadd(keys[1], {args[4]: now})
+            if args[5] != "":
+                pipe.zremrangebyscore(keys[1], "-inf", float(args[5]))
+                pipe.expire(keys[1], int(args[12]))
+            for i in range(windows):
+                pipe.hincrby(keys[5 + i], args[14 + 2 * i], 1)
+                if str(args[15 + 2 * i]) != "0":
+                    pipe.expire(keys[5 + i], int(args[15 + 2 * i]))
+            pipe.rpush(keys[2], args[3])
+            pipe.ltrim(keys[2], -int(args[6]), -1)
+        if str(args[11]) == "1":
+            pipe.incr(keys[4])
+        counters = keys[5 + windows:]
+        for key in counters[:2 if str(args[10]) == "1" else 3]:
+            pipe.incr(key)
+        if str(args[10]) != "1":
+            pipe.sadd(counters[3], args[3])
+        await pipe.execute()
+        return []
 
     async def get(self, key: str) -> str | None:
         self.calls.append(("get", key))

@@ -22,6 +22,7 @@ import asyncio
 import mmap
 import os
 import weakref
+from collections.abc import Callable
 
 from worker.constants import IDLE_SEGMENT_BYTES, SEGMENT_STEP
 
@@ -50,6 +51,7 @@ class Segment:
                 self._close_fd()
             raise SegmentUnavailable(repr(exc)) from None
         self._view = memoryview(self.memory)
+        self.on_backed: Callable[[int], None] | None = None  # told of each step backed (SegmentPool)
 
     @property
     def path(self) -> str | None:
@@ -66,6 +68,8 @@ class Segment:
             except OSError as exc:
                 raise SegmentUnavailable(repr(exc)) from None
             self.backed += size
+            if self.on_backed is not None:
+                self.on_backed(size)
         return self._view[offset:self.backed]
 
     def close(self) -> None:
@@ -114,13 +118,20 @@ class Body:
 
 class SegmentPool:
     """Idle segments kept for reuse, up to ``IDLE_SEGMENT_BYTES`` of backed memory; and the
-    memory the segments in use hold, for the worker's byte budget (``wait_for_room``)."""
+    memory the segments in use hold, for the worker's byte budget (``wait_for_room``).
+
+    That memory is a running total, told of each step a segment backs: summing the segments
+    in use at each download was 3-4% of a worker's event loop with hundreds in hand (issue 28).
+    A segment dropped without being given back leaves the total when it is collected."""
 
     def __init__(self, span: int):
         self.span = span
         self._idle: list[Segment] = []
         self._idle_bytes = 0
-        self._in_use: weakref.WeakSet[Segment] = weakref.WeakSet()  # one dropped unreturned cannot leak
+        self._held = 0
+        # segment -> (its bytes counted in _held, the finalizer that uncounts it if dropped unreturned)
+        self._in_use: weakref.WeakKeyDictionary[Segment, tuple[list[int], weakref.finalize]] = \
+            weakref.WeakKeyDictionary()
         self._returned = asyncio.Event()
 
     def take(self) -> Segment:
@@ -129,13 +140,25 @@ class SegmentPool:
             self._idle_bytes -= segment.backed
         else:
             segment = Segment(self.span)
-        self._in_use.add(segment)
+        counted = [segment.backed]
+        self._held += segment.backed
+
+        def backed(size: int) -> None:
+            counted[0] += size
+            self._held += size
+        segment.on_backed = backed
+        self._in_use[segment] = (counted, weakref.finalize(segment, self._uncount, counted))
         return segment
+
+    def _uncount(self, counted: list[int]) -> None:
+        self._held -= counted[0]
+        counted[0] = 0
+        self._returned.set()
 
     @property
     def held_bytes(self) -> int:
         """Memory backing the bodies being received or waiting for the image pool."""
-        return sum(segment.backed for segment in self._in_use)
+        return self._held
 
     async def wait_for_room(self, budget: int) -> None:
         """Until the bodies in hand hold less than ``budget`` bytes: a worker whose image
@@ -145,7 +168,12 @@ class SegmentPool:
             await self._returned.wait()
 
     def give_back(self, segment: Segment) -> None:
-        self._in_use.discard(segment)
+        entry = self._in_use.pop(segment, None)
+        if entry is not None:
+            counted, finalizer = entry
+            finalizer.detach()
+            self._uncount(counted)
+        segment.on_backed = None
         self._returned.set()
         if self._idle_bytes + segment.backed <= IDLE_SEGMENT_BYTES:
             self._idle.append(segment)

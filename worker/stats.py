@@ -13,15 +13,22 @@ bucket, its expiry set by the first outcome of the bucket this worker records.
 
 Every outcome also scores its source in ``active_sources`` with its time: the monitor
 re-reads only the sources recent there, so its work follows the sources being crawled.
+
 A terminal outcome (not a retry) also counts in ``urls_ended:{source}``, in the same
-pipeline: the splitter counts ``urls_split:{source}``, and the difference is the source's
+call: the splitter counts ``urls_split:{source}``, and the difference is the source's
 backlog (issue 26).
 
 Trimming is per source and time, not per outcome: at most every
 STATS_TRIM_INTERVAL seconds a source's minute window is trimmed and the expiry of
-its windows and last-50 list renewed, in the same pipeline as its outcome: a source
+its windows and last-50 list renewed, in the same call as its outcome: a source
 that goes quiet leaves only its counters behind (SPEC.md §2). The breaker trims
 too (the count windows' old buckets, once a minute), so nothing it reads changes.
+
+The commands of one outcome travel as one script call (``RECORD``), not a pipeline of
+ten: redis-py packs and parses each command of a pipeline in Python, and those ten were
+the largest share of a worker's own CPU per image after the token (issue 28). Each
+command still runs on its own (``pcall``): one that fails (a key of the wrong type, left
+by an operator) is reported and the others count, as in a pipeline.
 """
 from __future__ import annotations
 
@@ -33,9 +40,8 @@ from redis.exceptions import ResponseError
 
 from common.contracts import EVENT_STATS_REJECTED
 from common.contracts import (LAST_50_LENGTH, MINUTE_WINDOW_SECONDS, NUM_RESIZED, RESIZE_ERRORS,
-                              SOURCE_STATE_TTL_SECONDS,
-                              STATUS_COUNT_WINDOWS, error_statuses_key, errors_key, last_50_key, one_minute_window_key,
-                              resized_key, status_count_field, status_window_key)
+                              SOURCE_STATE_TTL_SECONDS, STATUS_COUNT_WINDOWS, error_statuses_key, errors_key,
+                              last_50_key, one_minute_window_key, resized_key, status_count_field, status_window_key)
 from common.contracts import ACTIVE_SOURCES, response_times_key, urls_ended_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
@@ -44,9 +50,67 @@ from common.statuses import is_overload
 from worker.constants import STATS_FORGET_SECONDS, STATS_TRIM_INTERVAL
 
 
+# KEYS: active_sources, the minute window, the last 50, the response bucket, urls_ended, the
+# count windows (ARGV[10] of them), then the counters: num_resized and resized:{source} for a
+# success; resize_errors, errors:{source}, errors:{source}:{status} and error_statuses:{source} else.
+# ARGV: 1 now, 2 source, 3 windows (1/0), 4 status, 5 the minute window's member, 6 trim the
+# minute window up to this score ('' : not now), 7 the last-50 length, 8 the response bins
+# (space-separated, may be none), 9 the response bucket's expiry (0: already set), 10 count
+# windows, 11 success (1/0), 12 terminal (1/0), 13 the minute window's expiry (at a trim),
+# 14 the last 50's (at a trim, or when it is new), then per count window its field and expiry
+# (0: not now).
+# Returns the errors of the commands that failed.
+RECORD = """
+local errors = {}
+local function call(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then errors[#errors + 1] = reply.err end
+end
+local now, windows = ARGV[1], tonumber(ARGV[10])
+call('ZADD', KEYS[1], 'GT', now, ARGV[2])
+if ARGV[3] == '1' then
+  local fields = 0
+  for field in string.gmatch(ARGV[8], '%S+') do
+    call('HINCRBY', KEYS[4], field, 1)
+    fields = fields + 1
+  end
+  if fields > 0 and ARGV[9] ~= '0' then call('EXPIRE', KEYS[4], ARGV[9]) end
+  call('ZADD', KEYS[2], now, ARGV[5])
+  if ARGV[6] ~= '' then
+    call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[6])
+    call('EXPIRE', KEYS[2], ARGV[13])
+  end
+  for i = 1, windows do
+    call('HINCRBY', KEYS[5 + i], ARGV[13 + 2 * i], 1)
+    if ARGV[14 + 2 * i] ~= '0' then call('EXPIRE', KEYS[5 + i], ARGV[14 + 2 * i]) end
+  end
+  local length = redis.pcall('RPUSH', KEYS[3], ARGV[4])
+  if type(length) == 'table' and length.err then
+    errors[#errors + 1] = length.err
+  elseif ARGV[6] ~= '' or length == 1 then  -- a list made afresh (ctl resume deleted it) expires too
+    call('EXPIRE', KEYS[3], ARGV[14])
+  end
+  call('LTRIM', KEYS[3], -tonumber(ARGV[7]), -1)
+end
+if ARGV[12] == '1' then call('INCR', KEYS[5]) end
+local counters = 6 + windows
+if ARGV[11] == '1' then
+  call('INCR', KEYS[counters])
+  call('INCR', KEYS[counters + 1])
+else
+  call('INCR', KEYS[counters])
+  call('INCR', KEYS[counters + 1])
+  call('INCR', KEYS[counters + 2])
+  call('SADD', KEYS[counters + 3], ARGV[4])
+end
+return errors
+"""
+
+
 class Stats:
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
+        self._record = redis.register_script(RECORD)
         self._next_trim: dict[str, float] = {}  # source -> wall-clock time its windows are trimmed next
         self._expiring: dict[str, int] = {}     # source -> the response bucket whose expiry is set
         self._next_forget = 0.0
@@ -66,60 +130,37 @@ class Stats:
         """Count an outcome; ``windows=False`` keeps it out of the breakers' windows (no request was made).
         ``ttfb``: the response's time to first byte in seconds; None when no response came.
         ``terminal``: the URL's end (success, link rot, crawl error), not a retry: it leaves the backlog."""
-        pipe = self._redis.pipeline(transaction=False)
         now = time.time()
         self._forget_quiet(now)
-        pipe.zadd(ACTIVE_SOURCES, {source: now}, gt=True)  # the monitor then re-reads this source
-        trim = False
+        bucket = bucket_start(now)
+        bins = ([str(bin_of(ttfb))] if ttfb is not None else []) + ([OVERLOAD_FIELD] if is_overload(status) else [])
+        response_expiry = 0
+        trim = windows and now >= self._next_trim.get(source, 0.0)
         if windows:
-            pipe.rpush(last_50_key(source), status)  # second in the pipeline: its reply is read below
-            self._response_time(pipe, source, status, ttfb, now)
-            member = f"{status}:{os.urandom(6).hex()}"
-            trim = now >= self._next_trim.get(source, 0.0)
+            if bins and self._expiring.get(source) != bucket:
+                self._expiring[source] = bucket
+                response_expiry = RESPONSE_BUCKET_TTL_SECONDS
             if trim:
                 self._next_trim[source] = now + STATS_TRIM_INTERVAL
-            minute = one_minute_window_key(source)
-            pipe.zadd(minute, {member: now})
-            if trim:
-                pipe.zremrangebyscore(minute, "-inf", now - MINUTE_WINDOW_SECONDS)
-                # Renewed at trims only: each member outlives its minute until the next one.
-                pipe.expire(minute, MINUTE_WINDOW_SECONDS + math.ceil(STATS_TRIM_INTERVAL))
-            for prefix, (seconds, bucket) in STATUS_COUNT_WINDOWS.items():
-                key = status_window_key(prefix, source)
-                pipe.hincrby(key, status_count_field(int(now // bucket * bucket), status), 1)
-                if trim:
-                    pipe.expire(key, seconds)  # a source that goes quiet leaves nothing behind
-            pipe.ltrim(last_50_key(source), -LAST_50_LENGTH, -1)
-            if trim:
-                pipe.expire(last_50_key(source), SOURCE_STATE_TTL_SECONDS)
-        if terminal:
-            pipe.incr(urls_ended_key(source))
+        keys = [ACTIVE_SOURCES, one_minute_window_key(source), last_50_key(source),
+                response_times_key(source, bucket), urls_ended_key(source)]
+        window_args: list[str | int] = []
+        for prefix, (seconds, window_bucket) in STATUS_COUNT_WINDOWS.items():
+            keys.append(status_window_key(prefix, source))
+            window_args += [status_count_field(int(now // window_bucket * window_bucket), status),
+                            seconds if trim else 0]  # a source that goes quiet leaves nothing behind
         if success:
-            pipe.incr(NUM_RESIZED)
-            pipe.incr(resized_key(source))
+            keys += [NUM_RESIZED, resized_key(source)]
         else:
-            pipe.incr(RESIZE_ERRORS)
-            pipe.incr(errors_key(source))
-            pipe.incr(errors_key(source, status))
-            pipe.sadd(error_statuses_key(source), status)
+            keys += [RESIZE_ERRORS, errors_key(source), errors_key(source, status), error_statuses_key(source)]
+        args = [repr(now), source, int(windows), status, f"{status}:{os.urandom(6).hex()}",
+                repr(now - MINUTE_WINDOW_SECONDS) if trim else "", LAST_50_LENGTH, " ".join(bins),
+                response_expiry, len(STATUS_COUNT_WINDOWS), int(success), int(terminal),
+                # Renewed at trims only: each member outlives its minute until the next one.
+                MINUTE_WINDOW_SECONDS + math.ceil(STATS_TRIM_INTERVAL), SOURCE_STATE_TTL_SECONDS, *window_args]
         try:
-            replies = await pipe.execute()
-            if windows and not trim and replies[1] == 1:
-                # A list made afresh between two trims (``ctl resume`` deleted it): it expires too.
-                renew = self._redis.pipeline(transaction=False)
-                renew.expire(last_50_key(source), SOURCE_STATE_TTL_SECONDS)
-                await renew.execute()
-        except ResponseError as exc:  # e.g. an operator left a key of the wrong type: not worth a stall
-            log_event(EVENT_STATS_REJECTED, source=source, status=status, error=str(exc)[:300])
-
-    def _response_time(self, pipe, source: str, status: str, ttfb: float | None, now: float) -> None:
-        fields = ([bin_of(ttfb)] if ttfb is not None else []) + ([OVERLOAD_FIELD] if is_overload(status) else [])
-        if not fields:
-            return
-        bucket = bucket_start(now)
-        key = response_times_key(source, bucket)
-        for field in fields:
-            pipe.hincrby(key, str(field), 1)
-        if self._expiring.get(source) != bucket:
-            self._expiring[source] = bucket
-            pipe.expire(key, RESPONSE_BUCKET_TTL_SECONDS)
+            errors = await self._record(keys=keys, args=args)
+        except ResponseError as exc:  # the script itself refused: not worth a stall either
+            errors = [str(exc)]
+        if errors:  # e.g. an operator left a key of the wrong type
+            log_event(EVENT_STATS_REJECTED, source=source, status=status, error="; ".join(map(str, errors))[:300])
