@@ -195,6 +195,7 @@ EVENT_LIST_PRODUCED = "list_produced"
 EVENT_LIST_INTERRUPTED = "list_interrupted"
 EVENT_EXPORT_SHARD = "export_shard_written"
 EVENT_EXPORT_STOPPED = "export_stopped"
+EVENT_EXPORT_GAP = "export_gap"
 
 
 # Events whose shape SPEC.md §4 fixes exactly: their lines carry no "level" (it is implied).
@@ -205,7 +206,7 @@ EVENT_LEVELS = {
     EVENT_CRAWL_HALTED: _WARNING, EVENT_SOURCE_UNKNOWN: _WARNING, EVENT_RETRY_AFTER: _WARNING,
     EVENT_SOURCES_UNAVAILABLE: _WARNING, EVENT_REDIS_VALUE_IGNORED: _WARNING,
     EVENT_MESSAGES_REJECTED: _WARNING, EVENT_TSV_BAD_ROW: _WARNING, EVENT_LIST_BAD_ROW: _WARNING,
-    EVENT_LIST_INTERRUPTED: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
+    EVENT_LIST_INTERRUPTED: _WARNING, EVENT_EXPORT_GAP: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
     EVENT_INFRA_RETRY: _WARNING, EVENT_WORKER_TOKENS_FORFEITED: _WARNING,
     EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
     EVENT_CONSUMER_FLOW_FAILED: _WARNING, EVENT_STATS_REJECTED: _WARNING,
@@ -351,6 +352,11 @@ def quality_message(identifier: str, width: int, height: int,
         "identifier": identifier, "width": width, "height": height,
         "compression_quality": compression_quality, "filesize": filesize, **extra,
     }).encode()
+
+
+def thumbnail_key(identifier: str) -> str:
+    """The thumbnail's S3 key in S3_BUCKET (SPEC.md §5)."""
+    return f"{identifier}.jpg"
 
 
 def exif_message(identifier: str, exif: dict[str, Any]) -> bytes:

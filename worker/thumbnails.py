@@ -28,6 +28,7 @@ from aiobotocore.session import get_session
 from botocore.auth import S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 
+from common.contracts import thumbnail_key
 from common.settings import Settings
 from worker.constants import S3_MAX_CONNECTIONS, S3_PRESIGN_SECONDS, S3_PUT_TIMEOUT
 
@@ -71,7 +72,7 @@ class S3Thumbnails:
         self._session = session
 
     async def put(self, uuid: str, jpeg: bytes) -> None:
-        url = await self._signer.url(f"{uuid}.jpg")
+        url = await self._signer.url(thumbnail_key(uuid))
         async with self._session.put(url, data=jpeg, headers={"Content-Type": CONTENT_TYPE}) as response:
             if response.status != 200:
                 raise S3PutFailed(f"HTTP {response.status}: {(await response.text())[:300]}")
