@@ -16,7 +16,7 @@ import pyarrow as pa
 from common import contracts
 from worker.politeness.robots_tag import forbids_thumbnail
 
-SUCCESS, LINK_ROT, ERROR = "success", "link_rot", "error"
+SUCCESS, LINK_ROT, ERROR = "success", contracts.LINK_ROT_TOPIC, "error"  # link rot is named after its topic
 SCHEMA = pa.schema([
     ("identifier", pa.string()),
     ("outcome", pa.string()),               # success, link_rot or error
