@@ -151,8 +151,11 @@ def delivered_rows(hosts: str, run: str, scan_from: dict[str, int], timeout: flo
                     left.discard(partition)
                 key = message.key() or b""
                 if key.startswith(prefix):
-                    _, file_index, row = key.decode().split(":")
-                    found.add((int(file_index), int(row)))
+                    try:
+                        _, file_index, row = key.decode().split(":")
+                        found.add((int(file_index), int(row)))
+                    except ValueError:  # another producer's key that merely starts alike
+                        continue
     finally:
         consumer.close()
     return found
