@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from bench.cpu import _tree
 from common import contracts
@@ -88,13 +88,20 @@ def produce(path: Path, env: dict[str, str], work: Path, processes: int | None) 
 
 
 def inbound_count(hosts: str) -> int:
-    consumer = Consumer(consumer_config(hosts, "bench-producer-count"))
+    """Messages in inbound_images, read to each partition's end (tansu's ListOffsets high
+    watermarks lag behind what a fetch returns, so they are not counted on)."""
+    consumer = Consumer(consumer_config(hosts, "bench-producer-count", **{"enable.partition.eof": True}))
     try:
         topic = consumer.list_topics(contracts.INBOUND_TOPIC, timeout=10).topics[contracts.INBOUND_TOPIC]
-        total = 0
-        for partition in topic.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(contracts.INBOUND_TOPIC, partition), timeout=10)
-            total += high - low
+        consumer.assign([TopicPartition(contracts.INBOUND_TOPIC, p, 0) for p in topic.partitions])
+        left, total = set(topic.partitions), 0
+        while left:
+            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                error = message.error()
+                if error is None:
+                    total += 1
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    left.discard(message.partition())
         return total
     finally:
         consumer.close()

@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from common import contracts
 from common.jsonlog import log_event
@@ -103,40 +103,40 @@ class Exporter:
         """Messages on the output topics that were not JSON with an identifier."""
         return self._joiner.unreadable
 
-    def assign(self, partitions: dict[str, int]) -> dict[str, int]:
-        """Start each partition where the state says; return the ends to read to (without --follow)."""
-        assignment, ends = [], {}
+    def assign(self, partitions: dict[str, int]) -> set[str]:
+        """Start each partition where the state says; return the partitions to read to their end."""
+        assignment = []
         for topic, count in partitions.items():
             for partition in range(count):
                 name = _name(topic, partition)
                 start = self.state.resume.get(name, 0)
-                self._read[name] = start
-                assignment.append(TopicPartition(topic, partition, start))
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
                 if start < low:  # the broker dropped what was not read (retention): say so, go on
                     log_event(contracts.EVENT_EXPORT_GAP, partition=name, missing=low - start,
                               msg="the broker no longer holds these outcomes (retention); they are not exported")
-                    self._read[name] = start = low
-                    assignment[-1] = TopicPartition(topic, partition, low)
-                if high > start:
-                    ends[name] = high
+                    start = low
+                self._read[name] = start
+                assignment.append(TopicPartition(topic, partition, start))
         self._consumer.assign(assignment)
-        return ends
+        return set(self._read)
 
-    def run(self, ends: dict[str, int], follow: bool) -> None:
+    def run(self, partitions: set[str], follow: bool) -> None:
+        """Without ``follow``, until each partition reports its end (``enable.partition.eof``;
+        tansu's ListOffsets high watermarks lag behind what a fetch returns)."""
         shard_started = time.monotonic()
-        left = dict(ends)
+        left = set(partitions)
         while follow or left:
             for message in self._consumer.consume(num_messages=5_000, timeout=0.5):
-                if message.error() is not None:
-                    continue
                 topic, partition, offset = message.topic(), message.partition(), message.offset()
                 if topic is None or partition is None or offset is None:
                     continue
                 name = _name(topic, partition)
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        left.discard(name)
+                    continue
                 self._read[name] = offset + 1
-                if left.get(name, 0) <= offset + 1:
-                    left.pop(name, None)
                 row = self._joiner.feed(topic, partition, offset, message.value())
                 if row is not None and offset >= self.state.written.get(name, 0):
                     self._rows.append(row)
@@ -211,12 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         ensure_topics(hosts, TOPICS, settings.kafka_partitions)
-        consumer = Consumer(consumer_config(hosts, EXPORT_GROUP))
+        consumer = Consumer(consumer_config(hosts, EXPORT_GROUP, **{"enable.partition.eof": True}))
         metadata = consumer.list_topics(timeout=10)
         partitions = {topic: len(metadata.topics[topic].partitions) for topic in TOPICS}
         exporter = Exporter(consumer, args.out_dir, args.output_format, args.shard_rows, args.shard_seconds)
-        ends = exporter.assign(partitions)
-        exporter.run(ends, args.follow)
+        exporter.run(exporter.assign(partitions), args.follow)
     except Stop:
         if exporter is not None:
             exporter.write_shard()

@@ -158,14 +158,14 @@ class ListProducer:
             counts = Counter(source for row, source in zip(converted.rows, converted.sources, strict=True)
                              if (file_index, row) >= counted)
             self._sizes.add(counts, end)  # before the URLs: the monitor knows the site when they arrive
-        in_flight = Batch(end)
-        self.in_flight.add(in_flight)
         run, already, produce = self.progress.run, self._already, self._producer.produce
-        sent = 0
-        for row, value in zip(converted.rows, converted.messages, strict=True):
-            if already and (file_index, row) in already:
-                continue
-            in_flight.outstanding += 1
+        to_send = [(row, value) for row, value in zip(converted.rows, converted.messages, strict=True)
+                   if not already or (file_index, row) not in already]
+        in_flight = Batch(end)
+        # Counted in full before the first produce: a batch cut short (Ctrl-C) never retires.
+        in_flight.outstanding = len(to_send)
+        self.in_flight.add(in_flight)
+        for row, value in to_send:
             key = message_key(run, file_index, row)
             while True:
                 try:
@@ -173,8 +173,7 @@ class ListProducer:
                     break
                 except BufferError:
                     self._producer.poll(0.1)  # a full local queue: delivery reports free room
-            sent += 1
-        self.sent += sent
+            self.sent += 1
         self._producer.poll(0)
         self._bar.update(batch.rows)
 

@@ -124,31 +124,26 @@ class InFlight:
 
 
 def delivered_rows(hosts: str, run: str, scan_from: dict[str, int], timeout: float = 30.0) -> set[tuple[int, int]]:
-    """The (file, row) positions of ``run``'s messages in inbound_images from ``scan_from`` on."""
+    """The (file, row) positions of ``run``'s messages in inbound_images from ``scan_from`` on.
+
+    Read until each partition reports its end (``enable.partition.eof``), not up to
+    the high watermarks ListOffsets gives: tansu's lag behind what a fetch returns."""
     prefix = f"{run}:".encode()
     consumer = Consumer(consumer_config(hosts, f"list-producer-scan-{run}", **{"enable.partition.eof": True}))
     found: set[tuple[int, int]] = set()
     try:
         metadata = consumer.list_topics(contracts.INBOUND_TOPIC, timeout=timeout)
         partitions = sorted(metadata.topics[contracts.INBOUND_TOPIC].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(contracts.INBOUND_TOPIC, p), timeout=timeout)[1]
-                for p in partitions}
-        starts = {p: scan_from.get(str(p), 0) for p in partitions}
-        left = {p for p in partitions if starts[p] < ends[p]}
-        if not left:
-            return found
-        consumer.assign([TopicPartition(contracts.INBOUND_TOPIC, p, starts[p]) for p in left])
+        consumer.assign([TopicPartition(contracts.INBOUND_TOPIC, p, scan_from.get(str(p), 0)) for p in partitions])
+        left = set(partitions)
         while left:
             for message in consumer.consume(num_messages=10_000, timeout=1.0):
-                partition, offset = message.partition(), message.offset()
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        left.discard(partition)
+                        left.discard(message.partition())
                         continue
                     raise RuntimeError(f"reading inbound_images to resume: {error}")
-                if offset is not None and offset + 1 >= ends.get(partition, 0):
-                    left.discard(partition)
                 key = message.key() or b""
                 if key.startswith(prefix):
                     try:
