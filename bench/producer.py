@@ -6,8 +6,9 @@ same sites, ``--short`` and ``--rows`` rows), and produces each to
 runs it (sites derived from the URLs, sizes counted in Redis). Prints, for
 each length, rows a second (from the command's start to its exit, the pool's
 start and the broker's acknowledgements included) and the peak resident memory
-of the producer alone and with its pool processes (sampled from /proc every
-50 ms), then the ratio of the two lengths' peaks: memory must not grow with
+of the producer alone and with its pool processes, and their CPU per row
+(sampled from /proc every 50 ms: the CPU a row costs does not depend on how
+busy the machine is, the rate does), then the ratio of the two lengths' peaks: memory must not grow with
 the list. The broker's message count is checked against the rows. On this
 machine the stack's servers share the 2 cores with the producer; the load
 average is printed beside the numbers.
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from bench.cpu import _tree
+from bench.cpu import _tree, stat_cpu
 from common import contracts
 from common.kafka import consumer_config
 from devstack.stack import LocalStack
@@ -64,6 +65,7 @@ def produce(path: Path, env: dict[str, str], work: Path, processes: int | None) 
     if processes:
         argv += ["--processes-count", str(processes)]
     peaks = [0, 0]
+    cpu: dict[int, float] = {}  # pid -> its own CPU seconds, last seen
     started = time.perf_counter()
     child = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -71,6 +73,11 @@ def produce(path: Path, env: dict[str, str], work: Path, processes: int | None) 
         while child.poll() is None:
             own, tree = rss_kib(child.pid)
             peaks[0], peaks[1] = max(peaks[0], own), max(peaks[1], tree)
+            for member in _tree(child.pid):
+                try:
+                    cpu[member] = stat_cpu(Path(f"/proc/{member}/stat"))
+                except (OSError, IndexError):
+                    continue
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -83,7 +90,10 @@ def produce(path: Path, env: dict[str, str], work: Path, processes: int | None) 
     final = json.loads(out.decode().splitlines()[-1])
     rows = pq.ParquetFile(path).metadata.num_rows
     return {"rows": rows, "sent": final["sent"], "bad_rows": final["bad_rows"], "seconds": round(seconds, 2),
-            "rows_per_s": round(rows / seconds), "peak_rss_mib_producer": round(peaks[0] / 1024, 1),
+            "rows_per_s": round(rows / seconds),
+            # CPU of the producer and its pool (sampled: the last 50 ms of each are missed), per row
+            "cpu_us_per_row": round(sum(cpu.values()) / rows * 1e6, 1),
+            "peak_rss_mib_producer": round(peaks[0] / 1024, 1),
             "peak_rss_mib_with_pool": round(peaks[1] / 1024, 1)}
 
 

@@ -268,16 +268,22 @@ def validate_url(url: Any) -> str:
 
 def url_checked_origin(url: Any) -> Origin:
     """The origin of a valid inbound ``url`` (SPEC.md §1); InvalidMessage with the reason otherwise."""
+    check_url_text(url)
+    try:
+        return url_origin(url)  # the host every later reader of this URL will see, or none
+    except InvalidHost as exc:
+        raise InvalidMessage(str(exc)) from None
+
+
+def check_url_text(url: Any) -> str:
+    """The checks of an inbound ``url`` that do not read its host (SPEC.md §1)."""
     if not isinstance(url, str) or not url:
         raise InvalidMessage("url must be a non-empty string")
     if len(url) >= MAX_URL_LENGTH:
         raise InvalidMessage(f"url is {len(url)} characters; the limit is under {MAX_URL_LENGTH}")
     if _WHITESPACE_OR_CONTROL.search(url) or not _encodable(url):
         raise InvalidMessage("url contains whitespace, control characters or invalid UTF-8")
-    try:
-        return url_origin(url)  # the host every later reader of this URL will see, or none
-    except InvalidHost as exc:
-        raise InvalidMessage(str(exc)) from None
+    return url
 
 
 def validate_uuid(uuid: Any) -> str:

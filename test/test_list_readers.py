@@ -13,7 +13,7 @@ import pytest
 from common import contracts
 from crawl_monitor.url_lists import readers
 from crawl_monitor.url_lists.readers import BadFile, Columns, expand, format_of, read_batches
-from crawl_monitor.url_lists.rows import convert_batch, derived_identifier, row_message
+from crawl_monitor.url_lists.rows import convert_batch, derived_identifier, row_message, url_origin_of
 from crawl_monitor.url_lists.sites import site_of_host
 
 ROWS = [("https://a.example/1.jpg", "id-1", "Flickr"),
@@ -149,3 +149,29 @@ def test_identifier_and_source_columns() -> None:
                                     ("id", None, "no source"), (True, "f", "text")]:
         with pytest.raises(contracts.InvalidMessage, match=reason):
             row_message("https://a.example/1.jpg", identifier, src, True, True)
+
+
+SPELLINGS = [
+    "http://a.example/x", "https://A.Example:8443/x?y#z", "http://a.example", "http://a.example?x",
+    "http://a.example#f", "http://a.example:8080#x", "http://127.0.0.1/x", "http://0x7f.1/x", "http://2130706433/x",
+    "http://127.1/", "http://0177.0.0.1/", "http://1.2.3.4.5/", "http://256.0.0.1/", "http://a..b/x",
+    "http://-a.example/", "http://a-.example/", "http://a.example:99999/", "http://a.example:65536/",
+    "http://a.example:65535/", "http://a.example:0/", "http://a.example:/x", "http://a.example.:80/x",
+    "http://a.example\\@evil.test/", "http://a.example/\\@evil.test", "http://a.example/@evil.test",
+    "http://evil.test@a.example/", "http://a.example%2f@evil.test/", "HTTP://a.example/", "http://a.example/%zz",
+    "http://a.example/[x]", "http://a.example/?q=[::1]", "http://a.example/é", "https://xn--bcher-kva.example/",
+    "http://a_b.example/", "http://[::1]:80/", "http://a.example:80:80/", "http://a.example:8o/",
+    "http://a.example\t/", "http://" + "a" * 64 + ".example/", "http://a.example/" + "x" * 2100,
+]
+
+
+@pytest.mark.parametrize("url", SPELLINGS)
+def test_a_plainly_written_origin_is_read_as_the_whole_url_is(url: str) -> None:
+    """The producer reads a plain origin once per prefix; it must say what url_origin says of
+    the whole URL (the same origin, or a refusal)."""
+    def reading(read):
+        try:
+            return read(url)
+        except contracts.InvalidMessage:
+            return "refused"
+    assert reading(url_origin_of) == reading(contracts.url_checked_origin)

@@ -7,18 +7,44 @@ SPEC.md §1 is checked here first, with the same functions.
 from __future__ import annotations
 
 import hashlib
+import re
 import signal
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
 from common import contracts
+from common.hosts import Origin
 from crawl_monitor.tsv_producer import with_scheme
 from crawl_monitor.url_lists.sites import site_of_host
 
 
 _URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
+
+
+# An origin written plainly: http or https, ASCII letters, digits, dots and hyphens, an optional
+# port, then the path, query or fragment (or nothing). Both of url_origin's parsers (urllib
+# and yarl) end such an authority at the same character and read nothing else into the
+# host, so its origin is that of ``prefix + "/"``: read with url_origin once per prefix
+# (a list repeats its hosts), not twice per URL, which was two thirds of a row's cost.
+# Every other URL is read whole; the splitter reads every URL whole again regardless.
+_PLAIN_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?=[/?#]|\Z)", re.ASCII)
+
+
+@lru_cache(maxsize=65536)
+def _origin_of_prefix(prefix: str) -> Origin:
+    return contracts.url_checked_origin(prefix + "/")
+
+
+def url_origin_of(url: str) -> Origin:
+    """``contracts.url_checked_origin(url)``, with a URL of a plainly written origin read per origin."""
+    contracts.check_url_text(url)
+    plain = _PLAIN_ORIGIN.match(url)
+    if plain is None:
+        return contracts.url_checked_origin(url)
+    return _origin_of_prefix(plain.group())
 
 
 def derived_identifier(url: str) -> str:
@@ -54,7 +80,7 @@ def row_message(url: Any, identifier: Any, source: Any, with_identifier: bool,
     if not text:
         raise contracts.InvalidMessage("no url")
     full = with_scheme(text)
-    origin = contracts.url_checked_origin(full)
+    origin = url_origin_of(full)
     if with_identifier:
         name = contracts.validate_uuid(_text(identifier, "identifier", numbers=True))
     else:
