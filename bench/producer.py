@@ -62,7 +62,7 @@ def rss_kib(pid: int) -> tuple[int, int]:
 def produce(path: Path, env: dict[str, str], work: Path, processes: int | None) -> dict[str, float]:
     argv = [sys.executable, "-m", "crawl_monitor.list_producer", str(path), "--restart",
             "--progress-file", str(work / f"{path.stem}.progress.json")]
-    if processes:
+    if processes is not None:
         argv += ["--processes-count", str(processes)]
     peaks = [0, 0]
     cpu: dict[int, float] = {}  # pid -> its own CPU seconds, last seen

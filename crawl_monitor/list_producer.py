@@ -24,7 +24,9 @@ import time
 from collections import Counter, deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
+from collections.abc import Callable
 from types import FrameType
+from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
 from confluent_kafka import KafkaException, Producer
@@ -40,6 +42,7 @@ from crawl_monitor.url_lists.readers import Batch as ReadBatch
 from crawl_monitor.url_lists.readers import FORMATS, BadFile, Columns, expand, format_of, read_batches
 from crawl_monitor.url_lists.rows import Converted, convert_batch, ignore_interrupts
 
+T = TypeVar("T")
 SAVE_SECONDS = 1.0            # how often the progress file is rewritten while producing
 COUNTED_TTL_SECONDS = 30 * 86400  # a list's counted mark outlives any resume of it
 FLUSH_SECONDS = 10.0
@@ -202,6 +205,21 @@ class ListProducer:
                 return False
 
 
+class InProcess(Executor):
+    """``--processes-count 0``: rows converted on the producer's own thread, no pool."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        done: Future[T] = Future()
+        done.set_result(fn(*args, **kwargs))
+        return done
+
+
+def _pool(processes: int) -> Executor:
+    if processes == 0:
+        return InProcess()
+    return ProcessPoolExecutor(processes, multiprocessing.get_context("forkserver"), initializer=ignore_interrupts)
+
+
 def _end_of_file() -> Future[Converted]:
     done: Future[Converted] = Future()
     done.set_result(Converted())
@@ -221,7 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--source-col", "--source_col",
                         help="the column of source names (default: each URL's registrable domain)")
     parser.add_argument("--processes-count", "--processes_count", type=int, default=os.cpu_count() or 1,
-                        help="processes that parse and check the URLs (default: one per core)")
+                        help="processes that parse and check the URLs (default: one per core; 0: none, "
+                             "the producer's own thread does it)")
     parser.add_argument("--kafka-hosts", help="bootstrap servers (default: KAFKA_HOSTS)")
     parser.add_argument("--progress-file", type=Path,
                         help="where the progress is kept for a resume (default: .list_producer/RUN.json)")
@@ -240,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         formats = [format_of(path, args.input_format) for path in files]
     except BadFile as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.processes_count < 0:
+        print("error: --processes-count must be 0 or more", file=sys.stderr)
         return 2
     if any(kind == "txt" for kind in formats) and (columns.id or columns.source):
         print("error: a txt list has only URLs: --id-col and --source-col need another format", file=sys.stderr)
@@ -273,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         done_before = 0 if total is None else _rows_before(files, formats, progress)
         with tqdm(total=total, initial=done_before, unit="rows", unit_scale=True, smoothing=0.1,
                   disable=not sys.stderr.isatty()) as bar, \
-                ProcessPoolExecutor(max(1, args.processes_count), multiprocessing.get_context("forkserver"),
-                                    initializer=ignore_interrupts) as pool:
+                _pool(args.processes_count) as pool:
             producer_obj = ListProducer(producer, pool, files, formats, columns, progress, sizes, already, bar,
                                         ahead=2 * max(1, args.processes_count))
             producer_obj.run(progress_path)
