@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from bench.cpu import _tree, stat_cpu
+from bench.cpu import _tree, proc_cpu, stat_cpu
 from common import contracts
 from common.kafka import consumer_config
 from devstack.stack import LocalStack
@@ -124,8 +124,10 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=20_000)
     parser.add_argument("--processes", type=int, default=None, help="--processes-count (default: the producer's)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-producer-") as scratch, LocalStack() as stack:
+    local = LocalStack()
+    with tempfile.TemporaryDirectory(prefix="bench-producer-") as scratch, local as stack:
         work = Path(scratch)
+        servers = {server.name: server.process.pid for server in local.servers if server.process}
         env = {**os.environ, **stack.environment(), "PYTHONPATH": str(ROOT)}
         results = {}
         for rows in (args.short, args.rows):
@@ -133,7 +135,11 @@ def main() -> None:
             write_list(path, rows, args.sites)
             before = inbound_count(stack.kafka_hosts)
             load_before = os.getloadavg()[0]
+            servers_before = {name: proc_cpu([pid]) for name, pid in servers.items()}
             result = produce(path, env, work, args.processes)
+            # The broker's (and Redis's) CPU per row too: with the producer's, what a row costs the machine.
+            result["servers_cpu_us_per_row"] = {
+                name: round((proc_cpu([pid]) - servers_before[name]) / rows * 1e6, 1) for name, pid in servers.items()}
             result["in_kafka"] = inbound_count(stack.kafka_hosts) - before
             result["load_average_1m_before"] = round(load_before, 2)
             results[rows] = result
