@@ -152,7 +152,9 @@ class Exporter:
         """The rows read so far as the next shard, then the state that points past them."""
         if self._rows:
             path = self._out / f"part-{self.state.next_shard:05d}.{self._format}"
-            temporary = path.with_name(path.name + ".tmp")
+            # A leading dot: readers of the folder (pyarrow's datasets skip "." and "_" files)
+            # see each shard whole or not at all, even while --follow writes the next one.
+            temporary = path.with_name(f".{path.name}.tmp")
             if self._format == "parquet":
                 pq.write_table(pa.Table.from_pylist(self._rows, schema=SCHEMA), temporary)
             else:

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from common import contracts
 from common.jsonlog import log_event
-from common.kafka import ensure_topics, producer_config
+from common.kafka import ensure_topics, produce_waiting, producer_config
 from common.settings import load_settings
 from crawl_monitor.url_lists.progress import Batch, InFlight, Progress, delivered_rows, message_key, run_id
 from crawl_monitor.url_lists.readers import Batch as ReadBatch
@@ -161,7 +161,7 @@ class ListProducer:
             counts = Counter(source for row, source in zip(converted.rows, converted.sources, strict=True)
                              if (file_index, row) >= counted)
             self._sizes.add(counts, end)  # before the URLs: the monitor knows the site when they arrive
-        run, already, produce = self.progress.run, self._already, self._producer.produce
+        run, already, producer = self.progress.run, self._already, self._producer
         to_send = [(row, value) for row, value in zip(converted.rows, converted.messages, strict=True)
                    if not already or (file_index, row) not in already]
         in_flight = Batch(end)
@@ -169,13 +169,9 @@ class ListProducer:
         in_flight.outstanding = len(to_send)
         self.in_flight.add(in_flight)
         for row, value in to_send:
-            key = message_key(run, file_index, row)
-            while True:
-                try:
-                    produce(contracts.INBOUND_TOPIC, value=value, key=key, on_delivery=in_flight.delivered)
-                    break
-                except BufferError:
-                    self._producer.poll(0.1)  # a full local queue: delivery reports free room
+            # A full local queue is waited out (delivery reports free room), never dropped.
+            produce_waiting(producer, contracts.INBOUND_TOPIC, value, message_key(run, file_index, row),
+                            in_flight.delivered)
             self.sent += 1
         self._producer.poll(0)
         self._bar.update(batch.rows)
@@ -188,8 +184,7 @@ class ListProducer:
                 failed, batch.failed = batch.failed, []
                 self.failed += len(failed)
                 for key, value in failed:
-                    self._producer.produce(contracts.INBOUND_TOPIC, value=value, key=key,
-                                           on_delivery=batch.delivered)
+                    produce_waiting(self._producer, contracts.INBOUND_TOPIC, value, key, batch.delivered)
         self.in_flight.retire()
         self.progress.save(progress_path)
 
