@@ -46,6 +46,9 @@ T = TypeVar("T")
 SAVE_SECONDS = 1.0            # how often the progress file is rewritten while producing
 COUNTED_TTL_SECONDS = 30 * 86400  # a list's counted mark outlives any resume of it
 FLUSH_SECONDS = 10.0
+# Messages the Kafka client may hold unacknowledged: a second of the producer's rate, and the
+# bound on its memory (~30 MiB) whatever the list's length or the broker's pace.
+QUEUED_MESSAGES = 100_000
 # KEYS: the sizes hash, the run's counted mark; ARGV: the new mark, its expiry, then source, count pairs.
 COUNT = """
 for i = 3, #ARGV, 2 do
@@ -285,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         log_event(contracts.EVENT_LIST_STARTED, run=run, files=len(files), progress_file=str(progress_path),
                   resumed_at={"file": progress.next_file, "row": progress.next_row} if progress.started() else None,
                   delivered_before_crash=len(already))
-        producer = Producer(producer_config(hosts, **{"linger.ms": 50, "enable.idempotence": True}))
+        producer = Producer(producer_config(hosts, **{"linger.ms": 50, "enable.idempotence": True,
+                                                      "queue.buffering.max.messages": QUEUED_MESSAGES}))
         total = total_rows(files, formats)
         done_before = 0 if total is None else _rows_before(files, formats, progress)
         with tqdm(total=total, initial=done_before, unit="rows", unit_scale=True, smoothing=0.1,
