@@ -4,7 +4,7 @@
 object a line), ``json`` (an array of objects) and ``parquet``. Each reader
 yields batches of at most ``BATCH_ROWS`` rows, so memory holds one batch
 whatever the list's length; Parquet is read a record batch at a time, and
-only the columns asked for. Rows are numbered from 1 within their file,
+only the columns asked for (a row group at a time). Rows are numbered from 1 within their file,
 the header not counted (in txt and jsonl that is the line number): that is
 the number a bad row is reported by. A row that cannot be read at all (a
 line of broken JSON) is a batch entry with a reason instead of values; a
@@ -260,16 +260,19 @@ def _parquet(path: Path, columns: Columns, skip_rows: int) -> Iterator[Batch]:
         raise BadFile(f"{path}: the file has no column {', '.join(missing)} (it has {', '.join(names)[:300]})")
     wanted = list(dict.fromkeys(columns.names()))
     first = 1
-    for record_batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
-        rows = record_batch.num_rows
-        if first + rows - 1 <= skip_rows:  # resuming: the whole batch was produced already
+    # A row group at a time, then sliced: ``iter_batches`` kept ~12 bytes a row of Arrow
+    # memory alive (34 MiB after 3,000,000 rows), reading row groups stays flat.
+    for group in range(parquet.num_row_groups):
+        rows = parquet.metadata.row_group(group).num_rows
+        if first + rows - 1 <= skip_rows:  # resuming: the whole row group was produced already
             first += rows
             continue
-        start = max(0, skip_rows - first + 1)
-        lists = [record_batch.column(name).slice(start).to_pylist() if name else None
-                 for name in (columns.url, columns.id, columns.source)]
-        count = rows - start
-        values: list[tuple[Any, Any, Any] | None] = list(
-            zip(*(column if column is not None else [None] * count for column in lists), strict=True))
-        yield Batch(str(path), first + start, values)
+        table = parquet.read_row_group(group, columns=wanted)
+        for start in range(max(0, skip_rows - first + 1), rows, BATCH_ROWS):
+            count = min(BATCH_ROWS, rows - start)
+            lists = [table.column(name).slice(start, count).to_pylist() if name else [None] * count
+                     for name in (columns.url, columns.id, columns.source)]
+            values: list[tuple[Any, Any, Any] | None] = list(zip(*lists, strict=True))
+            yield Batch(str(path), first + start, values)
         first += rows
+        del table
