@@ -37,7 +37,8 @@ from common import contracts
 from common.jsonlog import log_event
 from common.kafka import ensure_topics, produce_waiting, producer_config
 from common.settings import load_settings
-from crawl_monitor.url_lists.progress import Batch, InFlight, Progress, delivered_rows, message_key, run_id
+from crawl_monitor.url_lists.progress import (Batch, InFlight, Progress, delivered_rows, inbound_ends, message_key,
+                                              run_id)
 from crawl_monitor.url_lists.readers import Batch as ReadBatch
 from crawl_monitor.url_lists.readers import FORMATS, BadFile, Columns, expand, format_of, read_batches
 from crawl_monitor.url_lists.rows import Converted, convert_batch, ignore_interrupts
@@ -278,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         ensure_topics(hosts, [contracts.INBOUND_TOPIC], settings.kafka_partitions)
         already: set[tuple[int, int]] = set()
         if progress is None:
-            progress = Progress(run, [str(path) for path in files])
+            progress = Progress(run, [str(path) for path in files], scan_from=inbound_ends(hosts))
+            progress.save(progress_path)
         else:
             already = delivered_rows(hosts, run, progress.scan_from)
         sizes = None

@@ -123,6 +123,19 @@ class InFlight:
         self.progress.scan_from = {str(p): o for p, o in sorted(scan_from.items())}
 
 
+def inbound_ends(hosts: str, timeout: float = 30.0) -> dict[str, int]:
+    """Where inbound_images ends now, per partition: a fresh run's ``scan_from``, saved before
+    its first message, so a crash at any moment resumes by the scan. A lagging high
+    watermark (tansu's) only makes that scan start earlier, never too late."""
+    consumer = Consumer(consumer_config(hosts, "list-producer-ends"))
+    try:
+        metadata = consumer.list_topics(contracts.INBOUND_TOPIC, timeout=timeout)
+        return {str(p): consumer.get_watermark_offsets(TopicPartition(contracts.INBOUND_TOPIC, p), timeout=timeout)[1]
+                for p in sorted(metadata.topics[contracts.INBOUND_TOPIC].partitions)}
+    finally:
+        consumer.close()
+
+
 def delivered_rows(hosts: str, run: str, scan_from: dict[str, int], timeout: float = 30.0) -> set[tuple[int, int]]:
     """The (file, row) positions of ``run``'s messages in inbound_images from ``scan_from`` on.
 
