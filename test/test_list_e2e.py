@@ -12,7 +12,8 @@ export reads back with pyarrow, one row per valid input row.
 
 The suite crawls 300 rows over 30 sites (~10 URLs a site at 1 request/s);
 ``pytest -m slow test/test_list_e2e.py`` crawls the issue's 10,000 rows over
-300 sites (about 34 a site: a few minutes on a shared 2-core machine).
+300 sites (about 33 a site: 50 s on a quiet 2-core machine, nearly 3 minutes
+on a busy one; too much of the suite's budget).
 """
 from __future__ import annotations
 
