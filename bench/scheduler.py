@@ -4,7 +4,7 @@ One source limited to 100 req/s and 100 sources at 0.5 req/s (150 req/s in
 all), each on its own local site (a port of 127.0.0.1) answering a small
 JPEG after 200 ms. The local stack, the monitor's rate-limit regulator
 (token refills once a second) and one ``python -m worker`` run for real;
-URLs go straight to the ``urls.{source}`` topics. The sites' own arrival
+URLs go straight to their partitions of ``urls``. The sites' own arrival
 times are the evidence: the achieved total rate should be >= 95% of 150
 req/s, and no site seeing more than floor(limit) + 1 requests of its source in any
 sliding second.

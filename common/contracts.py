@@ -16,7 +16,7 @@ from datetime import datetime, UTC
 from collections.abc import Callable
 from typing import Any
 
-from common.hosts import InvalidHost, url_origin
+from common.hosts import InvalidHost, Origin, url_origin
 
 # --- Kafka topics (SPEC.md §1) -------------------------------------------------
 INBOUND_TOPIC = "inbound_images"
@@ -168,6 +168,13 @@ urls_ended_key = _keyed("urls_ended")
 
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.
 
+# URL lists (issue 27, SPEC.md §2): the list producer publishes each derived source's count of URLs
+# (its registrable domain's) here, and the monitor's regulator reads the rate of a source with no
+# size in SOURCES_URL from it. A list's rows are counted once, however often it is resumed: the
+# producer moves ``list_counted:{run}`` (the list's position counted so far) in the same script.
+LIST_SOURCE_SIZES = "list_source_sizes"   # hash: source -> URLs of it in the lists produced
+list_counted_key = _keyed("list_counted")  # string "{file index} {row}": counted up to there
+
 
 # --- Log events (SPEC.md §4) -------------------------------------------------
 EVENT_MONITORING_UPDATE = "monitoring_update"
@@ -221,6 +228,16 @@ EVENT_WORKER_SUBSCRIBED = "worker_subscribed"
 EVENT_WORKER_TOKENS_FORFEITED = "worker_tokens_forfeited"
 
 
+# URL lists (issue 27): the list producer and the exporter of results.
+EVENT_LIST_BAD_ROW = "list_bad_row"
+EVENT_LIST_STARTED = "list_started"
+EVENT_LIST_PRODUCED = "list_produced"
+EVENT_LIST_INTERRUPTED = "list_interrupted"
+EVENT_EXPORT_SHARD = "export_shard_written"
+EVENT_EXPORT_STOPPED = "export_stopped"
+EVENT_EXPORT_GAP = "export_gap"
+
+
 # Events whose shape SPEC.md §4 fixes exactly: their lines carry no "level" (it is implied).
 FIXED_SHAPE_EVENTS = frozenset({EVENT_MONITORING_UPDATE, EVENT_CRAWL_HALTED})
 # Each event's level (logging's numbers); an event not named here is INFO.
@@ -228,7 +245,8 @@ _WARNING, _ERROR = 30, 40
 EVENT_LEVELS = {
     EVENT_CRAWL_HALTED: _WARNING, EVENT_SOURCE_UNKNOWN: _WARNING, EVENT_RETRY_AFTER: _WARNING,
     EVENT_SOURCES_UNAVAILABLE: _WARNING, EVENT_REDIS_VALUE_IGNORED: _WARNING,
-    EVENT_MESSAGES_REJECTED: _WARNING, EVENT_TSV_BAD_ROW: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
+    EVENT_MESSAGES_REJECTED: _WARNING, EVENT_TSV_BAD_ROW: _WARNING, EVENT_LIST_BAD_ROW: _WARNING,
+    EVENT_LIST_INTERRUPTED: _WARNING, EVENT_EXPORT_GAP: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
     EVENT_INFRA_RETRY: _WARNING, EVENT_WORKER_TOKENS_FORFEITED: _WARNING, EVENT_DOWNSTREAM_REFUSED: _WARNING,
     EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
     EVENT_CONSUMER_FLOW_FAILED: _WARNING, EVENT_STATS_REJECTED: _WARNING,
@@ -250,6 +268,7 @@ MAX_SOURCE_LENGTH = 200  # a topic name may be at most 249 characters
 
 
 MAX_UUID_LENGTH = 200  # it names the thumbnail's S3 key
+_WHITESPACE_OR_CONTROL = re.compile("[\x00-\x20\x7f]")  # one search: a loop over characters cost 10 µs a URL
 
 # --- Thumbnail keys (SPEC.md §5, "Thumbnails") --------------------------------
 THUMBNAIL_SUFFIX = ".jpg"
@@ -313,21 +332,54 @@ class CrawlRequest:
 
 
 def validate_url(url: Any) -> str:
+    url_checked_origin(url)
+    return url
+
+
+def url_checked_origin(url: Any) -> Origin:
+    """The origin of a valid inbound ``url`` (SPEC.md §1); InvalidMessage with the reason otherwise."""
+    check_url_text(url)
+    try:
+        return url_origin(url)  # the host every later reader of this URL will see, or none
+    except InvalidHost as exc:
+        raise InvalidMessage(str(exc)) from None
+
+
+def check_url_text(url: Any) -> str:
+    """The checks of an inbound ``url`` that do not read its host (SPEC.md §1)."""
     if not isinstance(url, str) or not url:
         raise InvalidMessage("url must be a non-empty string")
     if len(url) >= MAX_URL_LENGTH:
         raise InvalidMessage(f"url is {len(url)} characters; the limit is under {MAX_URL_LENGTH}")
-    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url) or not _encodable(url):
+    if _WHITESPACE_OR_CONTROL.search(url) or not _encodable(url):
         raise InvalidMessage("url contains whitespace, control characters or invalid UTF-8")
-    try:
-        url_origin(url)  # the host every later reader of this URL will see, or none
-    except InvalidHost as exc:
-        raise InvalidMessage(str(exc)) from None
     return url
 
 
+def validate_uuid(uuid: Any) -> str:
+    if not isinstance(uuid, str) or not uuid.strip():
+        raise InvalidMessage("uuid must be a non-empty string")
+    if len(uuid) > MAX_UUID_LENGTH or not uuid.isprintable() or not _encodable(uuid):
+        raise InvalidMessage(f"uuid must be printable UTF-8 of at most {MAX_UUID_LENGTH} characters")
+    key_bytes = len(thumbnail_key(uuid))  # ASCII: characters are bytes
+    if key_bytes > MAX_KEY_BYTES:
+        raise InvalidMessage(f"uuid's thumbnail key would be {key_bytes} bytes, past {MAX_KEY_BYTES} (each "
+                             "character but A-Z a-z 0-9 _ . - ~ takes 3 per UTF-8 byte)")
+    return uuid
+
+
+def validate_source(source: Any) -> str:
+    """The source name, lower-cased as the splitter names it."""
+    if not isinstance(source, str):
+        raise InvalidMessage("source must be a string")
+    source = source.lower()
+    if not _SOURCE_RE.match(source) or len(source) > MAX_SOURCE_LENGTH:
+        raise InvalidMessage(f"source {source[:80]!r} must match [a-z0-9_.-]+ (at most {MAX_SOURCE_LENGTH})")
+    return source
+
+
 def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
-    """Parse and validate an ``inbound_images`` / ``urls.{source}`` message.
+    """Parse and validate an ``inbound_images`` / ``urls`` message.
 
     Raises InvalidMessage with a reason fit for ``rejected_messages``.
     """
@@ -340,21 +392,8 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
     if not isinstance(data, dict):
         raise InvalidMessage(f"expected a JSON object, got {type(data).__name__}")
     url = validate_url(data.get("url"))
-    uuid = data.get("uuid")
-    if not isinstance(uuid, str) or not uuid.strip():
-        raise InvalidMessage("uuid must be a non-empty string")
-    if len(uuid) > MAX_UUID_LENGTH or not uuid.isprintable() or not _encodable(uuid):
-        raise InvalidMessage(f"uuid must be printable UTF-8 of at most {MAX_UUID_LENGTH} characters")
-    key_bytes = len(thumbnail_key(uuid))  # ASCII: characters are bytes
-    if key_bytes > MAX_KEY_BYTES:
-        raise InvalidMessage(f"uuid's thumbnail key would be {key_bytes} bytes, past {MAX_KEY_BYTES} (each "
-                             "character but A-Z a-z 0-9 _ . - ~ takes 3 per UTF-8 byte)")
-    source = data.get("source")
-    if not isinstance(source, str):
-        raise InvalidMessage("source must be a string")
-    source = source.lower()
-    if not _SOURCE_RE.match(source) or len(source) > MAX_SOURCE_LENGTH:
-        raise InvalidMessage(f"source {source[:80]!r} must match [a-z0-9_.-]+ (at most {MAX_SOURCE_LENGTH})")
+    uuid = validate_uuid(data.get("uuid"))
+    source = validate_source(data.get("source"))
     attempts = data.get("attempts", 0)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
         raise InvalidMessage("attempts must be a non-negative integer")

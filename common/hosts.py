@@ -54,7 +54,7 @@ class Origin(NamedTuple):
         return f"{host}:{self.port}"
 
 
-@lru_cache(maxsize=4096)  # every layer asks for each URL, and a crawl repeats its hosts
+@lru_cache(maxsize=65536)  # every layer asks for each URL, and a crawl (or a URL list) repeats its hosts
 def normalise_host(host: str) -> str:
     """The ASCII host a connection to ``host`` goes to; InvalidHost if there is none."""
     text = host[1:-1] if host.startswith("[") and host.endswith("]") else host

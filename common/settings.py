@@ -67,6 +67,9 @@ class Settings:
     body_budget_bytes: int = field(default_factory=lambda: default_body_budget())
     robots_cache_bytes: int = 64 << 20
     robots_unavailable_give_up: float = 24 * 3600.0
+    # Issue 27: the rate (req/s) of a source with no size anywhere; None keeps SPEC.md §3's
+    # "no tokens, source_unknown".
+    default_source_rate: float | None = None
 
     def __post_init__(self) -> None:
         # Half a key pair is a mistake, not a request for some other identity: botocore's
@@ -120,6 +123,7 @@ class Settings:
             robots_cache_bytes=get("ROBOTS_CACHE_BYTES", _in(int, 1 << 20, 2**40), d.robots_cache_bytes),
             robots_unavailable_give_up=get("ROBOTS_UNAVAILABLE_GIVE_UP", _in(float, 0, 365 * 86400),
                                            d.robots_unavailable_give_up),
+            default_source_rate=get("DEFAULT_SOURCE_RATE", _in(float, 0.001, 200.0), None),
         )
 
     def s3_client_kwargs(self) -> dict[str, str]:

@@ -75,7 +75,7 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
                           stop: asyncio.Event) -> None:
     session = aiohttp.ClientSession()
     adaptation = Adaptation(redis)
-    regulator = Regulator(redis, adaptation)
+    regulator = Regulator(redis, adaptation, default_rate=settings.default_source_rate)
     breaker = CircuitBreaker(redis)
     monitoring = MonitoringLog(redis)
     dashboard = await _start_dashboard(settings, redis, monitoring)

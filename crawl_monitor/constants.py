@@ -12,6 +12,9 @@ LARGE_SOURCE_IMAGES = 500_000_000
 LARGE_SOURCE_RATE = 200.0
 
 SOURCES_REFRESH_SECONDS = 30 * 60
+# Sizes counted by the list producer (list_source_sizes) are re-read this often; a source
+# new to the regulator is looked up at once.
+LIST_SIZES_REFRESH_SECONDS = 30.0
 SOURCES_RETRY_SECONDS = 60          # after a failed refresh; the last known rates stay meanwhile
 SOURCES_FETCH_TIMEOUT = 30.0
 

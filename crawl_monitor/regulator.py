@@ -24,7 +24,8 @@ from common.redis_values import non_negative
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import active_since
 from crawl_monitor.adaptive import Adaptation
-from crawl_monitor.constants import (ACTIVE_SOURCES_TICK_SECONDS, BUCKET_TTL_MS, MAX_RETRY_AFTER_SECONDS,
+from crawl_monitor.constants import (ACTIVE_SOURCES_TICK_SECONDS, BUCKET_TTL_MS, LIST_SIZES_REFRESH_SECONDS,
+                                     MAX_RETRY_AFTER_SECONDS,
                                      RATE_LIMIT_TTL_SECONDS, REFILL_BATCH, UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
 
@@ -47,17 +48,26 @@ class Regulator:
     """Decides each source's tokens for the coming second and writes them to Redis.
 
     Rate precedence: an operator's ``override_rate:{source}`` wins over the
-    rate computed from the source's size; a source with neither gets nothing
-    and is reported. A halted, temporarily halted or Retry-After-paused source
+    rate computed from the source's size in SOURCES_URL, which wins over the rate
+    computed from its count of URLs in the lists produced (``list_source_sizes``,
+    issue 27), which wins over ``DEFAULT_SOURCE_RATE``; a source with none of them
+    gets nothing and is reported. A halted, temporarily halted or Retry-After-paused source
     gets an explicit 0 whatever its rate. Any other is granted what ``adaptation`` (the
     adaptive back-off, ``crawl_monitor.adaptive``) makes of its rate, if there is one.
     """
 
-    def __init__(self, redis: AsyncRedis, adaptation: Adaptation | None = None):
+    def __init__(self, redis: AsyncRedis, adaptation: Adaptation | None = None,
+                 default_rate: float | None = None):
         self._redis = redis
         self._refill = redis.register_script(REFILL)
         self._adaptation = adaptation
+        self._default_rate = default_rate
         self._computed: dict[str, float] = {}
+        # From list_source_sizes: a source is looked up there the first second it has URLs and
+        # no size in SOURCES_URL, and every LIST_SIZES_REFRESH_SECONDS after (a list being
+        # produced adds to its count).
+        self._from_lists: dict[str, float] = {}
+        self._lists_read_at = 0.0
         # Fractional tokens carried to the next second: 0.5 req/s gives 0, 1, 0, 1...
         # and 1.5 req/s gives 1, 2, 1, 2..., so every average is exact.
         self._credit: dict[str, float] = {}
@@ -80,10 +90,20 @@ class Regulator:
             self.rates = {}
             return {}
         halted, temp_halted = await stopped_among(self._redis, sources)
+        # A source sized by a URL list is looked up the second it is active, then every
+        # LIST_SIZES_REFRESH_SECONDS (the list's counts grow while it is produced).
+        lookup = [s for s in sources if s not in self._computed and s not in self._from_lists]
+        if now - self._lists_read_at >= LIST_SIZES_REFRESH_SECONDS:
+            lookup += list(self._from_lists)
+            self._lists_read_at = now
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.mget([contracts.override_rate_key(s) for s in sources])
             pipe.mget([contracts.retry_after_key(s) for s in sources])
-            overrides, retry_afters = await pipe.execute()
+            if lookup:
+                pipe.hmget(contracts.LIST_SOURCE_SIZES, lookup)
+            overrides, retry_afters, *counts = await pipe.execute()
+        if lookup:
+            self._adopt_list_sizes(lookup, counts[0])
 
         grants: dict[str, int] = {}
         rates: dict[str, float] = {}
@@ -110,6 +130,7 @@ class Regulator:
         ticked = set(sources)
         self._credit = {s: credit for s, credit in self._credit.items() if s in ticked}
         self._limits = {s: limit for s, limit in self._limits.items() if s in ticked}
+        self._from_lists = {s: rate for s, rate in self._from_lists.items() if s in ticked}
         self._pauses = {s: pause for s, pause in self._pauses.items() if s in ticked or pause[1] > now}
         self._unknown_reported_at = {s: at for s, at in self._unknown_reported_at.items()
                                      if now - at < UNKNOWN_SOURCE_REPORT_SECONDS}
@@ -120,6 +141,14 @@ class Regulator:
         splitter's thread: a dict lookup, no state changed."""
         limit = self._limits.get(source)
         return self._computed.get(source) if limit is None else limit
+
+    def _adopt_list_sizes(self, sources: list[str], counts: list[str | None]) -> None:
+        for source, count in zip(sources, counts, strict=True):
+            size = non_negative(count) if count is not None else None
+            if size is None:
+                self._from_lists.pop(source, None)
+            else:
+                self._from_lists[source] = rate_for_size(int(size))
 
     async def _write(self, grants: dict[str, int], rates: dict[str, float]) -> None:
         """The buckets and rates, REFILL_BATCH sources per script call: one pipeline of every
@@ -155,6 +184,8 @@ class Regulator:
         rate = self._number(contracts.override_rate_key(source), source, override)
         if rate is None:
             rate = self._computed.get(source)
+        if rate is None:
+            rate = self._from_lists.get(source, self._default_rate)
         if rate is not None:
             self._unknown_reported_at.pop(source, None)
         return rate
@@ -165,8 +196,9 @@ class Regulator:
         if last is None or now - last >= UNKNOWN_SOURCE_REPORT_SECONDS:
             self._unknown_reported_at[source] = now
             log_event(contracts.EVENT_SOURCE_UNKNOWN, source=source,
-                      msg=f"{source} has URLs but is neither in the sources list nor overridden; "
-                          f"it gets no tokens. Set {contracts.override_rate_key(source)} to crawl it.")
+                      msg=f"{source} has URLs but is neither in the sources list nor in a URL list produced, "
+                          f"nor overridden; it gets no tokens. Set {contracts.override_rate_key(source)} "
+                          f"(or DEFAULT_SOURCE_RATE) to crawl it.")
 
     def _paused(self, source: str, retry_after: str | None, now: float) -> bool:
         """Whether a worker's Retry-After (a Unix time) still pauses the source."""

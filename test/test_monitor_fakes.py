@@ -98,6 +98,10 @@ class FakeStore:
         counts[field] = counts.get(field, 0) + amount
         return counts[field]
 
+    def hmget(self, key: str, fields: list[str]) -> list[str | None]:
+        stored = self.data.get(key, {})
+        return [None if stored.get(field) is None else str(stored[field]) for field in fields]
+
     def hgetall(self, key: str) -> dict[str, str]:
         return {field: str(value) for field, value in self.data.get(key, {}).items()}
 

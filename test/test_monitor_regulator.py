@@ -7,7 +7,7 @@ import json
 import pytest
 
 from common import contracts
-from crawl_monitor.constants import MAX_RETRY_AFTER_SECONDS, REFILL_BATCH
+from crawl_monitor.constants import LIST_SIZES_REFRESH_SECONDS, MAX_RETRY_AFTER_SECONDS, REFILL_BATCH
 from crawl_monitor.periodic import every
 from crawl_monitor.regulator import REFILL, Regulator
 from test.test_monitor_fakes import FakeAsyncRedis
@@ -254,3 +254,30 @@ async def test_at_100000_sources_a_second_reads_and_writes_only_the_active_ones(
         assert written <= {key for s in busy for key in (contracts.tokens_key(s), contracts.rate_limit_key(s),
                                                          contracts.adaptive_key(s))}
     assert len(regulator.rates) == 50 and len(adaptation.controllers) == 48  # the halted two get no verdict
+
+
+async def test_a_site_of_a_url_list_is_rated_by_its_count_there(redis, capsys) -> None:
+    """Issue 27: the list producer's counts in list_source_sizes, read the first second a source has
+    URLs and again every LIST_SIZES_REFRESH_SECONDS; SOURCES_URL and an override win over them."""
+    regulator = regulator_with(redis, flickr=500_000_000)
+    await redis.zadd(contracts.ACTIVE_SOURCES, dict.fromkeys(
+        ("site1.co.uk", "big.example", "flickr", "nowhere.example"), T0))  # split: they have URLs
+    await redis.hincrby(contracts.LIST_SOURCE_SIZES, "site1.co.uk", 30)
+    await redis.hincrby(contracts.LIST_SOURCE_SIZES, "big.example", 250_002_500)
+    await redis.hincrby(contracts.LIST_SOURCE_SIZES, "flickr", 10)       # SOURCES_URL's size wins
+    grants = await regulator.tick(T0)
+    assert [grants[s] for s in ("site1.co.uk", "big.example", "flickr", "nowhere.example")] == [1, 100, 200, 0]
+    assert [e["source"] for e in events(capsys, contracts.EVENT_SOURCE_UNKNOWN)] == ["nowhere.example"]
+    await redis.set(contracts.override_rate_key("big.example"), "7")
+    await redis.hincrby(contracts.LIST_SOURCE_SIZES, "site1.co.uk", 250_002_470)  # the list grows
+    assert (await regulator.tick(T0 + 1))["big.example"] == 7
+    assert regulator.rates["site1.co.uk"] == 1.0                          # not re-read yet
+    await regulator.tick(T0 + LIST_SIZES_REFRESH_SECONDS)
+    assert regulator.rates["site1.co.uk"] == pytest.approx(100.5)
+
+
+async def test_a_default_rate_crawls_a_source_with_no_size_at_all(redis, capsys) -> None:
+    regulator = Regulator(redis, default_rate=2.5)
+    await redis.zadd(contracts.ACTIVE_SOURCES, {"nowhere.example": T0})
+    assert [(await regulator.tick(T0 + s))["nowhere.example"] for s in range(4)] in ([2, 3, 2, 3], [3, 2, 3, 2])
+    assert not events(capsys, contracts.EVENT_SOURCE_UNKNOWN)

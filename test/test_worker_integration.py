@@ -1,7 +1,7 @@
 """``python -m worker`` on the real servers, with a local website on 127.0.0.1.
 
 The test plays the monitor's part itself (sources, rates, token refills),
-produces straight to ``urls.{source}`` and judges the worker by its outputs:
+produces straight to ``urls`` and judges the worker by its outputs:
 Kafka topics, S3 objects and Redis counters.
 """
 from __future__ import annotations

@@ -175,7 +175,7 @@ class ImageTask:
         status = fetched.status
         ttfb = fetched.ttfb
         if status in LINK_ROT_STATUSES:
-            await self._send(LINK_ROT_TOPIC, link_rot_message(request.uuid))
+            await self._outcome(LINK_ROT_TOPIC, request, link_rot_message(request.uuid))
             await self._record(request.source, str(status), success=False, ttfb=ttfb, terminal=True)
             metrics.outcome(metrics.LINK_ROT)
         elif status == 429 or status >= 500:
@@ -198,8 +198,8 @@ class ImageTask:
         if not forbids_thumbnail(directives):
             await persist("s3_put", lambda: self._thumbnails.put(request.uuid, analysis.thumbnail))
         if analysis.exif:
-            await self._send(METADATA_TOPIC, exif_message(request.uuid, analysis.exif))
-        await self._send(METADATA_TOPIC, quality_message(
+            await self._outcome(METADATA_TOPIC, request, exif_message(request.uuid, analysis.exif))
+        await self._outcome(METADATA_TOPIC, request, quality_message(
             request.uuid, analysis.width, analysis.height, analysis.compression_quality,
             fetched.size, x_robots_tag=directives))
         await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb, terminal=True)
@@ -231,12 +231,17 @@ class ImageTask:
     async def _fail(self, request: CrawlRequest, status: str, http_status: int | None,
                     windows: bool = True, ttfb: float | None = None) -> None:
         reason = f"HTTP {status}" if status.isdigit() else status
-        await self._send(CRAWL_ERRORS_TOPIC, crawl_error_message(request, reason, http_status))
+        await self._outcome(CRAWL_ERRORS_TOPIC, request, crawl_error_message(request, reason, http_status))
         await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb, terminal=True)
         metrics.outcome(metrics.CRAWL_ERROR)
 
-    async def _send(self, topic: str, value: bytes) -> None:
-        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))
+    async def _send(self, topic: str, value: bytes, key: str | None = None) -> None:
+        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, key))
+
+    async def _outcome(self, topic: str, request: CrawlRequest, value: bytes) -> None:
+        """Keyed by uuid: a URL's EXIF and quality messages share a partition, in the order sent,
+        so a reader joining them (``crawl_monitor.export``) meets the EXIF first."""
+        await self._send(topic, value, request.uuid)
 
     async def _record(self, source: str, status: str, success: bool, windows: bool = True,
                       ttfb: float | None = None, *, terminal: bool) -> None:
