@@ -325,3 +325,13 @@ async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch)
     gaps = [round(b - a, 3) for a, b in zip(waits, waits[1:], strict=False)]
     assert gaps.count(0.05) >= len(gaps) - 1, sorted(gaps)[-5:]  # 1/20 s apart, not 1/2
     assert scheduler._reserved.get("a", 0) >= 2  # slots by its limit too: the tokens keep the rate
+
+
+async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its_limit() -> None:
+    """A queue holds its partition's commit at its oldest URL: a 1,000 req/s source held to 70 req/s
+    by its site's connection cap queued 5,000 URLs, and a SIGKILL had 9,000 URLs crawled twice."""
+    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0))
+    scheduler.rates["capped"] = 1000.0
+    assert scheduler._queue_limit("capped") == int(1000 * QUEUE_SECONDS)  # nothing measured yet
+    scheduler._throughput["capped"] = 70.0
+    assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)

@@ -134,6 +134,7 @@ CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
 # its next URLs are parked in Kafka until their turn (worker.scheduler), so that no source holds
 # back the others of its partition.
 QUEUE_SECONDS = 5.0
+THROUGHPUT_SMOOTHING = 0.5   # weight of a refresh's measure in a source's throughput here
 QUEUE_UNRATED = 1000          # URLs of a source queued before its rate is known here (then trimmed)
 QUEUE_MAX_PER_SOURCE = 5000   # URLs; an operator's override of thousands a second queues no more
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed

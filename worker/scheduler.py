@@ -44,7 +44,7 @@ from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
                               PARK_DEFAULT_SECONDS, POLL_BATCH, POLL_TIMEOUT, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
-                              QUEUE_UNRATED, REFRESH_INTERVAL)
+                              QUEUE_UNRATED, REFRESH_INTERVAL, THROUGHPUT_SMOOTHING)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import deliver
@@ -92,6 +92,9 @@ class Scheduler:
         self._reading_paused = False               # every partition paused: MAX_QUEUED_URLS reached
         self._park_at: dict[str, float] = {}       # source -> when its next parked URL may go (wall clock)
         self._limits: dict[str, float] = {}        # source -> its limit (adaptive:{source} ceiling), if parked
+        self._ended: dict[str, int] = {}           # source -> URLs ended here since the last refresh
+        self._throughput: dict[str, float] = {}    # source -> URLs ended here per second, smoothed
+        self._working_before: set[str] = set()     # sources with work at the last refresh
         self._parked_lately: set[str] = set()      # sources parked since the last refresh: their limit is read
                                                    # (with the sources new here), for _pace
         self._new_work: set[str] = set()           # sources queued since the last refresh
@@ -128,6 +131,7 @@ class Scheduler:
         new_source_due = self._new_work and now_mono >= self._last_refresh + NEW_SOURCE_REFRESH
         if now_mono < self._next_refresh and not new_source_due:
             return
+        self._measure_throughput(now_mono - self._last_refresh)
         self._last_refresh = now_mono
         self._next_refresh = now_mono + REFRESH_INTERVAL
         working = set(self._pending) | set(self._inflight)
@@ -160,6 +164,7 @@ class Scheduler:
             self.rates.update(kept)
             self._latency = {s: v for s, v in self._latency.items() if s in working}
             self._limits = {s: v for s, v in self._limits.items() if s in working}
+            self._throughput = {s: v for s, v in self._throughput.items() if s in working}
             self._park_at = {s: t for s, t in self._park_at.items() if t > now}
         for source in sets.stopped & working:
             if source in self._pending:  # its queue goes to wait: the slots go to the others
@@ -321,6 +326,7 @@ class Scheduler:
 
     async def _crawl(self, source: str, request: CrawlRequest) -> float:
         busy = await self._handle(request)
+        self._ended[source] = self._ended.get(source, 0) + 1
         previous = self._latency.get(source, DEFAULT_LATENCY)
         self._latency[source] = previous + LATENCY_SMOOTHING * (max(busy, 0.0) - previous)
         return busy
@@ -374,11 +380,33 @@ class Scheduler:
             self._reading_paused = False
             await self._feed.resume(sorted(self._assigned))
 
+    def _measure_throughput(self, elapsed: float) -> None:
+        """Each source's URLs ended here per second, smoothed, for ``_queue_limit``."""
+        ended, self._ended = self._ended, {}
+        working = set(self._pending) | set(self._inflight)
+        measured, self._working_before = self._working_before & working, working
+        if self._last_refresh == 0.0 or elapsed <= 0:
+            return
+        for source in measured:  # had work through the whole interval
+            observed = ended.get(source, 0) / elapsed
+            previous = self._throughput.get(source, observed)
+            self._throughput[source] = previous + THROUGHPUT_SMOOTHING * (observed - previous)
+
     def _queue_limit(self, source: str) -> int:
-        """URLs of ``source`` to queue here before the next are parked (constants.QUEUE_SECONDS)."""
+        """URLs of ``source`` to queue here before the next are parked (constants.QUEUE_SECONDS of
+        its pace, or of twice what it achieves here if that is less).
+
+        A queue holds its partition's commit at its oldest URL, and everything finished above
+        it (parks included) is read again after a rebalance or a crash: a 1,000 req/s source
+        that a site's connection cap held to 70 req/s queued 5,000 URLs, 70 s of its work, and
+        a SIGKILL then had 9,000 URLs crawled twice.
+        """
         if self.rates.get(source) is None:  # not read yet (a refresh every REFRESH_INTERVAL): no reason to park yet
             return QUEUE_UNRATED
         rate = self._pace(source)
+        achieved = self._throughput.get(source)
+        if achieved is not None:
+            rate = min(rate, max(2 * achieved, 1.0))
         by_slots = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
         by_rate = int(rate * QUEUE_SECONDS)
         return min(max(by_slots, by_rate), QUEUE_MAX_PER_SOURCE)
