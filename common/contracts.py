@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, UTC
 from collections.abc import Callable
@@ -18,27 +19,47 @@ from common.hosts import InvalidHost, url_origin
 
 # --- Kafka topics (SPEC.md §1) -------------------------------------------------
 INBOUND_TOPIC = "inbound_images"
-SOURCE_TOPIC_PREFIX = "urls."
+# Every source's URLs, in one keyed topic of URL_PARTITIONS partitions (issue 26): a new source
+# costs no topic and no rebalance. A source spreads over url_shards(its limit) partitions.
+URLS_TOPIC = "urls"
 METADATA_TOPIC = "image_metadata_updates"
 LINK_ROT_TOPIC = "link_rot"
 CRAWL_ERRORS_TOPIC = "crawl_errors"
 REJECTED_TOPIC = "rejected_messages"
-# URLs waiting for their host's robots.txt to be reachable (worker.robots_wait): one topic
-# per length of wait, so each is in the order its messages fall due.
-ROBOTS_WAIT_TOPICS = ("robots_wait_30s", "robots_wait_5m", "robots_wait_1h")
+# URLs waiting for a time (worker.waiting): for their host's robots.txt, or parked because their
+# source cannot take them now (its queue in the worker is full, it is paused or backed off).
+# One topic per length of wait, so each is in the order its messages fall due.
+WAIT_TOPICS = ("urls_wait_30s", "urls_wait_5m", "urls_wait_1h")
+# URLs of halted sources (``halted``, ``temp_halted`` too long): read again when a source resumes.
+HALTED_URLS_TOPIC = "urls_halted"
+# The internal wait topics are light: a fixed number of partitions serves any fleet.
+WAIT_TOPIC_PARTITIONS = 32
 
 # Consumer groups: every worker shares one group so Kafka spreads partitions.
 SPLITTER_GROUP = "crawl_monitor_splitter"
 WORKER_GROUP = "image_crawler_workers"
-ROBOTS_WAIT_GROUP = "image_crawler_robots_wait"
+WAIT_GROUP = "image_crawler_url_wait"
+HALTED_GROUP = "image_crawler_halted"
+
+# A source gets one partition per this many requests a second of its limit: a worker crawls
+# one partition at most at its own speed, so a 200 req/s source needs several workers.
+URL_RATE_PER_PARTITION = 25.0
 
 
-def source_topic(source: str) -> str:
-    return f"{SOURCE_TOPIC_PREFIX}{source}"
+def url_shards(limit: float | None) -> int:
+    """How many partitions of ``urls`` a source of ``limit`` req/s spreads over (1 when unknown)."""
+    if limit is None or not limit > 0 or math.isinf(limit):
+        return 1
+    return max(1, math.ceil(limit / URL_RATE_PER_PARTITION - 1e-9))
 
 
-def source_of_topic(topic: str) -> str:
-    return topic[len(SOURCE_TOPIC_PREFIX):]
+def url_partition(source: str, identifier: str, shards: int, partitions: int) -> int:
+    """The partition of ``urls`` for one URL: the source's home partition (a stable hash of its
+    name) and the shards after it, the identifier choosing among them (a retry keeps its place).
+    Consecutive partitions, so a source's shards never collide with each other."""
+    home = zlib.crc32(source.encode())
+    shard = zlib.crc32(identifier.encode("utf-8", "surrogatepass")) % max(1, min(shards, partitions))
+    return (home + shard) % partitions
 
 
 # --- Redis keys (SPEC.md §2) -------------------------------------------------
@@ -128,6 +149,11 @@ def response_times_key(source: str, bucket_start: int) -> str:
 # so that work follows the sources being crawled, not every source ever seen (issue 20).
 ACTIVE_SOURCES = "active_sources"
 
+# A source's backlog (issue 26) is urls_split - urls_ended: URLs split for the first time (a retry
+# is not new) and URLs that reached their terminal outcome. Counters: they never expire.
+urls_split_key = _keyed("urls_split")
+urls_ended_key = _keyed("urls_ended")
+
 
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.
 
@@ -177,7 +203,6 @@ EVENT_WORKER_REFRESH_FAILED = "worker_refresh_failed"
 EVENT_WORKER_STARTED = "worker_started"
 EVENT_WORKER_STOPPED = "worker_stopped"
 EVENT_WORKER_SUBSCRIBED = "worker_subscribed"
-EVENT_WORKER_SUBSCRIBE_FAILED = "worker_subscribe_failed"
 EVENT_WORKER_TOKENS_FORFEITED = "worker_tokens_forfeited"
 
 
@@ -195,7 +220,6 @@ EVENT_LEVELS = {
     EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE: _WARNING,
     EVENT_MONITOR_COMPONENT_ERROR: _ERROR, EVENT_HTTP_API_ERROR: _ERROR, EVENT_TASK_CRASHED: _ERROR,
     EVENT_FETCH_UNEXPECTED_ERROR: _ERROR, EVENT_IMAGE_POOL_BROKEN: _ERROR, EVENT_CONSUMER_ERROR: _ERROR,
-    EVENT_WORKER_SUBSCRIBE_FAILED: _ERROR,
 }
 
 def utc_now_iso() -> str:

@@ -110,12 +110,16 @@ def coordinates(message: Message) -> tuple[str, int, int]:
 
 
 def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: Any = None,
-                    on_delivery: Callable | None = None) -> None:
+                    on_delivery: Callable | None = None, partition: int | None = None) -> None:
     """Enqueue, waiting out a full local queue (BufferError) instead of dropping the message:
-    for code on a thread of its own (the splitter, the TSV producer, the benchmarks' loaders)."""
+    for code on a thread of its own (the splitter, the TSV producer, the benchmarks' loaders).
+    ``partition`` None: the producer's partitioner chooses by key."""
     while True:
         try:
-            producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+            if partition is None:
+                producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+            else:
+                producer.produce(topic, value=value, key=key, on_delivery=on_delivery, partition=partition)
             return
         except BufferError:
             producer.poll(0.1)  # serves delivery reports, which frees room

@@ -29,6 +29,14 @@ def default_body_budget() -> int:
         return 1 << 30
 
 
+# Settings that are gone, and what replaced them: a deployment still setting one would
+# otherwise run with a behaviour it did not ask for and never know.
+REPLACED_SETTINGS = {
+    "KAFKA_PARTITIONS": "one topic, urls, holds every source's URLs now (SPEC.md §1); "
+                        "set URL_PARTITIONS (default 256) to size it, and unset KAFKA_PARTITIONS",
+}
+
+
 class SettingsError(ValueError):
     """A setting's value is unusable; the message names the setting."""
 
@@ -46,7 +54,8 @@ class Settings:
     target_resolution: int = 640
     max_tasks: int = 500
     max_retries: int = 1
-    kafka_partitions: int = 4
+    url_partitions: int = 256
+    max_queued_urls: int = 10_000
     crawl_user_agent: str = DEFAULT_USER_AGENT
     crawl_allow_private_networks: bool = False
     max_image_bytes: int = 50 * 1024 * 1024
@@ -79,6 +88,9 @@ class Settings:
             except (ValueError, TypeError) as exc:
                 raise SettingsError(f"{name}={raw!r} is invalid: {exc}") from None
 
+        for name, successor in REPLACED_SETTINGS.items():
+            if env.get(name, "").strip():
+                raise SettingsError(f"{name} is no longer read: {successor}")
         d = cls()
         return cls(
             redis_url=get("REDIS_URL", _url("redis", "rediss", "unix"), d.redis_url),
@@ -92,7 +104,8 @@ class Settings:
             target_resolution=get("TARGET_RESOLUTION", _in(int, 16, 10_000), d.target_resolution),
             max_tasks=get("MAX_TASKS", _in(int, 1, 100_000), d.max_tasks),
             max_retries=get("MAX_RETRIES", _in(int, 0, 100), d.max_retries),
-            kafka_partitions=get("KAFKA_PARTITIONS", _in(int, 1, 10_000), d.kafka_partitions),
+            url_partitions=get("URL_PARTITIONS", _in(int, 1, 10_000), d.url_partitions),
+            max_queued_urls=get("MAX_QUEUED_URLS", _in(int, 10, 10_000_000), d.max_queued_urls),
             crawl_user_agent=get("CRAWL_USER_AGENT", _user_agent, d.crawl_user_agent),
             crawl_allow_private_networks=get("CRAWL_ALLOW_PRIVATE_NETWORKS", _bool, False),
             max_image_bytes=get("MAX_IMAGE_BYTES", _in(int, 1024, 2**40), d.max_image_bytes),

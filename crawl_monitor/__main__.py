@@ -81,7 +81,8 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
     dashboard = await _start_dashboard(settings, redis, monitoring)
     components: dict[str, Coroutine[Any, Any, None]] = {
         "lease": every(LEASE_RENEW_SECONDS, lease.renew, "lease"),
-        "splitter": splitter.run_splitter(lambda: splitter.connect(settings), settings.shutdown_timeout),
+        "splitter": splitter.run_splitter(lambda: splitter.connect(settings, limit_of=regulator.limit_of),
+                                           settings.shutdown_timeout),
         "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
         "regulator": every(TICK_SECONDS, lambda: regulator.tick(time.time()), "regulator"),
         "adaptation": every(TICK_SECONDS, adaptation.update, "adaptation"),

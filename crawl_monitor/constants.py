@@ -76,4 +76,4 @@ ACTIVE_SOURCES_SLACK_SECONDS = 5.0
 # The monitoring log and the dashboard re-read quiet sources this often (active ones each time).
 ACTIVE_SOURCES_FULL_READ_SECONDS = 60.0
 
-TOPIC_CREATE_BATCH = 500            # new source topics per CreateTopics request (a stop is checked between two)
+INBOUND_PARTITIONS = 4              # of inbound_images (and rejected_messages) where this project creates them

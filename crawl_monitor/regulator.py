@@ -59,6 +59,7 @@ class Regulator:
         self._reported_bad: dict[str, str] = {}          # Redis key -> unusable value already reported
         self._unknown_reported_at: dict[str, float] = {}
         self.rates: dict[str, float] = {}                # effective rates granted by the last tick
+        self._limits: dict[str, float] = {}              # configured rates (override or size) seen by ticks
 
     def set_sizes(self, sizes: dict[str, int]) -> None:
         """Adopt a freshly loaded sources list (source -> image count)."""
@@ -81,6 +82,8 @@ class Regulator:
         rates: dict[str, float] = {}
         for source, override, retry_after in zip(sources, overrides, retry_afters, strict=True):
             rate = self._configured_rate(source, override)
+            if rate is not None:
+                self._limits[source] = rate
             if rate is None:
                 self._report_unknown(source, now)
                 rate = 0.0
@@ -94,6 +97,13 @@ class Regulator:
         await self._write(grants, rates)
         self.rates = rates
         return grants
+
+    def limit_of(self, source: str) -> float | None:
+        """The source's limit (an override, else its size's rate), for the splitter to spread
+        its URLs by; None for a source never ticked and not in the sources list. Read from the
+        splitter's thread: a dict lookup, no state changed."""
+        limit = self._limits.get(source)
+        return self._computed.get(source) if limit is None else limit
 
     async def _write(self, grants: dict[str, int], rates: dict[str, float]) -> None:
         """The buckets and rates, REFILL_BATCH sources per script call: one pipeline of every

@@ -1,18 +1,22 @@
-"""The splitter: ``inbound_images`` fanned out to one ``urls.{source}`` topic per source.
+"""The splitter: ``inbound_images`` routed into the one ``urls`` topic (SPEC.md §1).
 
-Workers pull from each source separately so that a slow source never starves
-the others. Throughput comes from batches: one consume of thousands of
-messages, one flush, one commit, one Redis pipeline. The inbound offsets are
-committed only once every message of the batch is acknowledged by the broker,
-so a crash anywhere before the commit re-splits the batch (at-least-once)
-instead of losing it. The whole loop runs on its own thread: every Kafka call
-blocks, and none of them may stall the monitor's event loop.
+Each URL goes to a partition of its source (``contracts.url_partition``): a slow
+source keeps to one partition, a fast one spreads over as many as its limit needs,
+so several workers share it. No topic is created per source and the workers'
+subscription never changes, so a new source costs the group no rebalance (issue 26).
+Throughput comes from batches: one consume of thousands of messages, one flush,
+one commit, one Redis pipeline. The inbound offsets are committed only once
+every message of the batch is acknowledged by the broker, so a crash anywhere
+before the commit re-splits the batch (at-least-once) instead of losing it. The
+whole loop runs on its own thread: every Kafka call blocks, and none of them may
+stall the monitor's event loop.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterable
@@ -25,11 +29,11 @@ from common.jsonlog import log_event
 from common.kafka import TopicCreator, consumer_config, coordinates, produce_waiting, producer_config
 from common.settings import Settings
 from common.protocols import SyncRedis
-from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS, SPLIT_MAX_BACKOFF_SECONDS,
-                                     SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS, TOPIC_CREATE_BATCH)
+from crawl_monitor.constants import (INBOUND_PARTITIONS, SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS,
+                                     SPLIT_MAX_BACKOFF_SECONDS, SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS)
 
-Record = tuple[str, Any, bytes]  # topic, key, value
-_REFUSED_TOPIC_ERRORS = frozenset({KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION})
+Record = tuple[str, Any, bytes, int | None]  # topic, key, value, partition (None: by key)
+LimitOf = Callable[[str], float | None]      # a source's limit in req/s, None when not known yet
 
 
 def _report(error: str, **fields: Any) -> None:
@@ -45,17 +49,20 @@ class SplitPlan:
     """Where each message of one consumed batch goes, and the offsets that batch commits."""
 
     records: list[Record] = field(default_factory=list)
-    sources: set[str] = field(default_factory=set)
+    new_urls: Counter[str] = field(default_factory=Counter)  # source -> URLs split for the first time
     split: int = 0
     rejected: int = 0
     first_rejection: str = ""
     offsets: list[TopicPartition] = field(default_factory=list)
 
 
-def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
-    """Validate each message and route it: its source's topic, or ``rejected_messages`` with the reason."""
+def plan_batch(messages: Iterable[Message], inbound_topic: str, partitions: int,
+               limit_of: LimitOf = lambda source: None) -> SplitPlan:
+    """Validate each message and route it: its partition of ``urls``, or ``rejected_messages``
+    with the reason."""
     plan = SplitPlan()
     next_offsets: dict[tuple[str, int], int] = {}
+    shards: dict[str, int] = {}
     for message in messages:
         if message.error() is not None:
             _report(str(message.error()))
@@ -70,12 +77,16 @@ def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
         except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on deep nesting: still bad input
             reason = f"cannot be parsed: {type(exc).__name__}"
         else:
-            # Keyed by uuid: a source's URLs spread over all its partitions, hence over all workers.
-            plan.records.append((contracts.source_topic(request.source), request.uuid, request.to_json()))
-            plan.sources.add(request.source)
+            source = request.source
+            if source not in shards:
+                shards[source] = contracts.url_shards(limit_of(source))
+            place = contracts.url_partition(source, request.uuid, shards[source], partitions)
+            plan.records.append((contracts.URLS_TOPIC, source.encode(), request.to_json(), place))
+            plan.new_urls[source] += request.attempts == 0  # a retry is not a new URL of the backlog
             plan.split += 1
             continue
-        plan.records.append((contracts.REJECTED_TOPIC, None, contracts.rejected_message(inbound_topic, raw, reason)))
+        plan.records.append((contracts.REJECTED_TOPIC, None,
+                             contracts.rejected_message(inbound_topic, raw, reason), None))
         plan.rejected += 1
         plan.first_rejection = plan.first_rejection or reason
     plan.offsets = [TopicPartition(topic, partition, offset)
@@ -86,20 +97,19 @@ def plan_batch(messages: Iterable[Message], inbound_topic: str) -> SplitPlan:
 class Splitter:
     """One consumer, one producer and a Redis client, driven batch by batch from one thread."""
 
-    def __init__(self, consumer: Consumer, producer: Producer, redis: SyncRedis,
-                 create_topics: Callable[[list[str]], dict[str, KafkaError]], *,
+    def __init__(self, consumer: Consumer, producer: Producer, redis: SyncRedis, *,
+                 limit_of: LimitOf = lambda source: None,
                  inbound_topic: str = contracts.INBOUND_TOPIC, batch_size: int = SPLIT_BATCH_SIZE,
-                 poll_seconds: float = SPLIT_POLL_SECONDS):
+                 poll_seconds: float = SPLIT_POLL_SECONDS, url_partitions: int = 1):
         self._consumer = consumer
         self._producer = producer
         self._redis = redis
-        self._create_topics = create_topics
+        self._limit_of = limit_of
         self._inbound_topic = inbound_topic
         self._batch_size = batch_size
         self._poll_seconds = poll_seconds
-        self._ready_topics = {contracts.REJECTED_TOPIC}
-        self._refused: dict[str, str] = {}  # topic -> why Kafka will not create it
         self._assigned: set[int] = set()     # inbound partitions being read
+        self.url_partitions = url_partitions  # of the urls topic as the broker has it
 
     def run(self, stop: threading.Event) -> None:
         checked = time.monotonic()
@@ -107,26 +117,34 @@ class Splitter:
             self.split_once(stop)
             if time.monotonic() - checked > SPLIT_PARTITION_CHECK_SECONDS:
                 self.assign_new_partitions()
+                self.count_url_partitions()
                 checked = time.monotonic()
+
+    def _partitions_of(self, topic: str) -> list[int]:
+        metadata = self._consumer.list_topics(topic, timeout=SPLIT_FLUSH_SECONDS)
+        found = metadata.topics[topic]
+        if found.error is not None:
+            raise KafkaException(found.error)
+        return sorted(found.partitions)
 
     def assign_new_partitions(self) -> None:
         """Read every partition of the inbound topic, including any an operator added since."""
-        metadata = self._consumer.list_topics(self._inbound_topic, timeout=SPLIT_FLUSH_SECONDS)
-        topic = metadata.topics[self._inbound_topic]
-        if topic.error is not None:
-            raise KafkaException(topic.error)
-        new = sorted(set(topic.partitions) - self._assigned)
+        new = sorted(set(self._partitions_of(self._inbound_topic)) - self._assigned)
         if new:
             # No offset given: each starts from the group's committed offset (else the earliest).
             self._consumer.incremental_assign([TopicPartition(self._inbound_topic, p) for p in new])
             self._assigned.update(new)
 
+    def count_url_partitions(self) -> None:
+        """Route over the partitions ``urls`` has now: an operator may add some (README)."""
+        self.url_partitions = len(self._partitions_of(contracts.URLS_TOPIC)) or self.url_partitions
+
     def split_once(self, stop: threading.Event) -> int:
-        """Split one batch; return how many messages went to source topics."""
+        """Split one batch; return how many messages went to ``urls``."""
         messages = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_seconds)
         if not messages:
             return 0
-        plan = plan_batch(messages, self._inbound_topic)
+        plan = plan_batch(messages, self._inbound_topic, self.url_partitions, self._limit_of)
         self._retry_until_done(lambda: self._deliver(plan, stop), stop)
         self._retry_until_done(lambda: self._record(plan), stop)
         self._commit(plan.offsets)
@@ -143,53 +161,7 @@ class Splitter:
             self._producer.flush(1.0)
             self._redis.close()
 
-    def _prepare_topics(self, plan: SplitPlan, stop: threading.Event) -> None:
-        """Create the batch's new source topics, many per request; reject the messages of a
-        topic Kafka refuses.
-
-        A refused name (``urls.a_b`` collides with ``urls.a.b`` on Kafka) is bad
-        input: retrying it forever would stall every other source behind it. Any
-        other error (the broker away) retries the batch; the topics created so far
-        stay known, so a retry asks only for the rest.
-        """
-        new = sorted({topic for topic, _, _ in plan.records} - self._ready_topics - set(self._refused))
-        for start in range(0, len(new), TOPIC_CREATE_BATCH):
-            if stop.is_set():
-                raise Stopping()
-            chunk = new[start:start + TOPIC_CREATE_BATCH]
-            errors = self._create_topics(chunk)
-            transient = None
-            for topic in chunk:
-                error = errors.get(topic)
-                if error is None:
-                    self._ready_topics.add(topic)
-                elif error.code() in _REFUSED_TOPIC_ERRORS:
-                    self._refused[topic] = f"Kafka refuses topic {topic}: {error.str()}"
-                else:
-                    transient = transient or error
-            # Workers subscribe to the sources they see in inbound_sources: told now, they
-            # join the topics while the rest are created (issue 20: 5,000 new topics take
-            # seconds, and the first request waited for all of them).
-            created = [contracts.source_of_topic(topic) for topic in chunk if topic in self._ready_topics]
-            if created:
-                self._redis.sadd(contracts.INBOUND_SOURCES, *created)
-            if transient is not None:
-                raise KafkaException(transient)  # the broker is away: retry the batch
-        if any(topic in self._refused for topic, _, _ in plan.records):
-            records, plan.records = plan.records, []
-            for topic, key, value in records:
-                reason = self._refused.get(topic)
-                if reason:
-                    topic, key = contracts.REJECTED_TOPIC, None
-                    value = contracts.rejected_message(self._inbound_topic, value, reason)
-                    plan.split, plan.rejected = plan.split - 1, plan.rejected + 1
-                    plan.first_rejection = plan.first_rejection or reason
-                plan.records.append((topic, key, value))
-            plan.sources = {contracts.source_of_topic(topic) for topic, _, _ in plan.records
-                            if topic != contracts.REJECTED_TOPIC}
-
     def _deliver(self, plan: SplitPlan, stop: threading.Event) -> None:
-        self._prepare_topics(plan, stop)
         pending = plan.records
         while pending:
             failed: list[Record] = []
@@ -201,10 +173,10 @@ class Splitter:
                     topic = message.topic()
                     if topic is None:
                         raise ValueError(f"a failed delivery without a topic: {err}")
-                    failed.append((topic, message.key(), message.value() or b""))
+                    failed.append((topic, message.key(), message.value() or b"", message.partition()))
 
-            for topic, key, value in pending:
-                self._produce(topic, key, value, on_failure)
+            for topic, key, value, partition in pending:
+                produce_waiting(self._producer, topic, value, key, on_failure, partition)
             while self._producer.flush(SPLIT_FLUSH_SECONDS) > 0:
                 if stop.is_set():
                     raise Stopping()
@@ -217,13 +189,16 @@ class Splitter:
 
     def _record(self, plan: SplitPlan) -> None:
         if plan.split:
+            now = time.time()
             with self._redis.pipeline(transaction=False) as pipe:
-                pipe.sadd(contracts.INBOUND_SOURCES, *plan.sources)
+                pipe.sadd(contracts.INBOUND_SOURCES, *plan.new_urls)
                 pipe.incrby(contracts.NUM_SPLIT, plan.split)
+                # The regulator grants tokens to the sources active lately: these have work now.
+                pipe.zadd(contracts.ACTIVE_SOURCES, dict.fromkeys(plan.new_urls, now), gt=True)
+                for source, count in plan.new_urls.items():
+                    if count:
+                        pipe.incrby(contracts.urls_split_key(source), count)
                 pipe.execute()
-
-    def _produce(self, topic: str, key: Any, value: bytes, on_delivery: Callable) -> None:
-        produce_waiting(self._producer, topic, value, key, on_delivery)
 
     def _retry_until_done(self, step: Callable[[], None], stop: threading.Event) -> None:
         """Retry a batch that hit a broken broker or Redis, with backoff, until it is done or we stop.
@@ -254,7 +229,8 @@ class Splitter:
             _report(f"commit failed: {exc}")
 
 
-def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
+def connect(settings: Settings, *, limit_of: LimitOf = lambda source: None,
+            inbound_topic: str = contracts.INBOUND_TOPIC,
             group: str = contracts.SPLITTER_GROUP, batch_size: int = SPLIT_BATCH_SIZE) -> Splitter:
     """A splitter on the real servers (blocking: call it from the splitter's thread).
 
@@ -263,16 +239,16 @@ def connect(settings: Settings, *, inbound_topic: str = contracts.INBOUND_TOPIC,
     session timeout on tansu), and the monitor lease already makes this the
     only splitter. The group id still keeps the committed offsets.
     """
-    hosts, partitions = settings.kafka_hosts, settings.kafka_partitions
-    # One admin client for the splitter's life: a client per topic was issue 20's bottleneck.
-    topics = TopicCreator(hosts, partitions)
-    topics.ensure([inbound_topic, contracts.REJECTED_TOPIC])
+    hosts = settings.kafka_hosts
+    TopicCreator(hosts, INBOUND_PARTITIONS).ensure([inbound_topic, contracts.REJECTED_TOPIC])
+    TopicCreator(hosts, settings.url_partitions).ensure([contracts.URLS_TOPIC])
     consumer = Consumer(consumer_config(hosts, group))
     producer = Producer(producer_config(hosts, **{"delivery.report.only.error": True}))
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
-    splitter = Splitter(consumer, producer, redis, topics.create,
-                        inbound_topic=inbound_topic, batch_size=batch_size)
+    splitter = Splitter(consumer, producer, redis, limit_of=limit_of, inbound_topic=inbound_topic,
+                        batch_size=batch_size, url_partitions=settings.url_partitions)
     splitter.assign_new_partitions()
+    splitter.count_url_partitions()
     return splitter
 
 

@@ -22,6 +22,7 @@ from common import contracts
 from common.jsonlog import log_event
 from common.kafka import ensure_topics, produce_waiting, producer_config
 from common.settings import load_settings
+from crawl_monitor.constants import INBOUND_PARTITIONS
 
 COLUMNS = ("url", "identifier", "source")
 
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", type=Path, metavar="FILE.tsv")
     parser.add_argument("kafka_hosts", metavar="KAFKA_HOSTS")
     args = parser.parse_args(argv)
-    partitions = load_settings().kafka_partitions
+    load_settings()  # a bad or replaced setting stops here, with one line
+    partitions = INBOUND_PARTITIONS
     try:
         counts = produce_file(args.file, args.kafka_hosts, partitions)
     except (BadFile, OSError, KafkaException) as exc:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from common.contracts import (INBOUND_TOPIC, MAX_REJECTED_RAW_BYTES, REJECTED_TOPIC, parse_crawl_request,
-                              source_topic)
+from common.contracts import INBOUND_TOPIC, MAX_REJECTED_RAW_BYTES, REJECTED_TOPIC, URLS_TOPIC, parse_crawl_request
 from common.kafka import consumer_config, producer_config
 from demo.crawl import crawl
 from demo.outcomes import QUALITY
@@ -292,13 +291,13 @@ def as_rejected_raw(raw: bytes | None) -> str:
 
 
 def test_hostile_messages_are_rejected_and_nothing_dies(crawl_env, tmp_path: Path, unique: str) -> None:
-    """1,000 into inbound_images (the splitter's input) and 100 straight into a source topic
-    (the workers' input, as a buggy producer would): each one a rejected_messages record."""
+    """1,000 into inbound_images (the splitter's input) and 100 straight into urls (the
+    workers' input, as a buggy producer would): each one a rejected_messages record."""
     messages = hostile_messages(HOSTILE_COUNT)
     assert all(_invalid(m) for m in messages), "the generator made a valid message"
     web, plan = fault_web(f"host{unique[:6]}s", tmp_path, urls_per_source=20)
     first, second = plan[: len(plan) // 2], plan[len(plan) // 2:]
-    worker_topic = source_topic(next(iter(web.sites)))
+    worker_topic = URLS_TOPIC
     sent = [(INBOUND_TOPIC, m) for m in messages] + [(worker_topic, m) for m in messages[:WORKER_HOSTILE_COUNT]]
     wanted = Counter((topic, as_rejected_raw(m)) for topic, m in sent)
     started_ms = int(time.time() * 1000)

@@ -268,28 +268,31 @@ class FakeProducer:
     def __init__(self, fail_first: int = 0, buffer_errors: int = 0, failed_offset: int | None = -1):
         self.failed_offset = failed_offset  # None: as librdkafka reports a message that timed out queued
         self.delivered: list[tuple[str, Any, bytes]] = []
-        self.queued: list[tuple[str, Any, bytes, Any]] = []
+        self.queued: list[tuple[str, Any, bytes, Any, int | None]] = []
+        self.placed: list[int | None] = []  # the partition asked for, per delivered message
         self.fail_first = fail_first
         self.buffer_errors = buffer_errors
 
-    def produce(self, topic: str, value: bytes, key: Any = None, on_delivery: Any = None) -> None:
+    def produce(self, topic: str, value: bytes, key: Any = None, on_delivery: Any = None,
+                partition: int | None = None) -> None:
         if self.buffer_errors:
             self.buffer_errors -= 1
             raise BufferError("queue full")
-        self.queued.append((topic, key, value, on_delivery))
+        self.queued.append((topic, key, value, on_delivery, partition))
 
     def poll(self, timeout: float = 0) -> int:
         return 0
 
     def flush(self, timeout: float = 0) -> int:
         queued, self.queued = self.queued, []
-        for topic, key, value, on_delivery in queued:
+        for topic, key, value, on_delivery, partition in queued:
             if self.fail_first:
                 self.fail_first -= 1
                 on_delivery("broker said no", FakeMessage(value, self.failed_offset, topic,  # type: ignore[arg-type]
-                                                          key=key))
+                                                          key=key, partition=partition or 0))
             else:
                 self.delivered.append((topic, key, value))
+                self.placed.append(partition)
         return 0
 
 

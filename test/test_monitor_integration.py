@@ -96,13 +96,9 @@ def good(unique: str, n: int, sources: int = 5) -> bytes:
                        "source": f"Mon{unique}S{n % sources}"}).encode()
 
 
-def source_topics(unique: str, sources: int = 5) -> list[str]:
-    return [contracts.source_topic(f"mon{unique}s{i}") for i in range(sources)]
-
-
 @pytest.fixture
 def settings(redis_url: str, kafka_hosts: str) -> Settings:
-    return Settings(redis_url=redis_url, kafka_hosts=kafka_hosts, kafka_partitions=4)
+    return Settings(redis_url=redis_url, kafka_hosts=kafka_hosts)
 
 
 def test_split_rejects_and_restart_each_message_once(settings: Settings, unique: str) -> None:
@@ -123,7 +119,7 @@ def test_split_rejects_and_restart_each_message_once(settings: Settings, unique:
     with RunningSplitter(settings, inbound, group):
         wait_for(lambda: redis.get(contracts.NUM_SPLIT) == "1150", what="1150 split")
 
-    split = read(hosts, source_topics(unique), lambda m: m["uuid"].startswith(unique), 1150)
+    split = read(hosts, [contracts.URLS_TOPIC], lambda m: m["uuid"].startswith(unique), 1150)
     assert sorted(collections.Counter(m["uuid"] for m in split).values()) == [1] * 1150
     assert {m["source"] for m in split} == {f"mon{unique}s{i}" for i in range(5)}
     rejected = read(hosts, [contracts.REJECTED_TOPIC], lambda m: unique in m["raw"], 50)
@@ -141,7 +137,7 @@ def crash_instead_of_committing(self, offsets):
     os._exit(9)  # the broker has acknowledged the batch; the commit never happens
 
 splitter.Splitter._commit = crash_instead_of_committing
-settings = Settings(redis_url=sys.argv[1], kafka_hosts=sys.argv[2], kafka_partitions=4)
+settings = Settings(redis_url=sys.argv[1], kafka_hosts=sys.argv[2])
 splitter.connect(settings, inbound_topic=sys.argv[3], group=sys.argv[4]).run(threading.Event())
 """
 
@@ -163,8 +159,8 @@ def test_a_splitter_killed_between_produce_and_commit_re_splits(
 
     with RunningSplitter(settings, inbound, group):
         wait_for(lambda: int(redis.get(contracts.NUM_SPLIT) or 0) >= 300 + first_pass, what="everything split")
-    counts = collections.Counter(m["uuid"] for m in read(hosts, source_topics(unique), lambda m: True,
-                                                         300 + first_pass))
+    counts = collections.Counter(m["uuid"] for m in read(hosts, [contracts.URLS_TOPIC],
+                                                         lambda m: m["uuid"].startswith(unique), 300 + first_pass))
     assert set(counts) == {f"{unique}-{n}" for n in range(300)}  # nothing lost
     assert sum(counts.values()) >= 300 + first_pass  # the crashed batch went out (at least) twice
     redis.close()

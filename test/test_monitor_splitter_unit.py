@@ -3,71 +3,97 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
 
 from common import contracts
-from crawl_monitor.constants import TOPIC_CREATE_BATCH
 from crawl_monitor.splitter import Splitter, Stopping, plan_batch
 from test.test_monitor_fakes import FakeConsumer, FakeMessage, FakeProducer, FakeRedis
 
 
-def good(n: int, source: str = "Example") -> bytes:
-    return json.dumps({"url": f"https://example.org/{n}.jpg", "uuid": f"u-{n}", "source": source}).encode()
+PARTITIONS = 64
 
 
-def make(batches, producer=None, redis=None):
+def good(n: int, source: str = "Example", **extra) -> bytes:
+    return json.dumps({"url": f"https://example.org/{n}.jpg", "uuid": f"u-{n}", "source": source,
+                       **extra}).encode()
+
+
+def make(batches, producer=None, redis=None, limits=None):
     consumer = FakeConsumer(batches)
     producer = producer or FakeProducer()
     redis = redis or FakeRedis()
-    created: list[list[str]] = []
-
-    def create(topics: list[str]) -> dict[str, KafkaError]:
-        created.append(topics)
-        return {}
-
-    splitter = Splitter(consumer, producer, redis, create, inbound_topic="inbound")
-    return splitter, consumer, producer, redis, created
+    splitter = Splitter(consumer, producer, redis, limit_of=(limits or {}).get, inbound_topic="inbound",
+                        url_partitions=PARTITIONS)
+    return splitter, consumer, producer, redis, None
 
 
 def test_plan_routes_each_message_and_commits_past_the_last_offset_per_partition() -> None:
     messages = [FakeMessage(good(1, "Flickr"), 10), FakeMessage(b"{not json", 11),
                 FakeMessage(good(2, "met"), 5, partition=1), FakeMessage(None, 12),
                 FakeMessage(None, -1, error="broker hiccup"), FakeMessage(b"[" * 100_000, 13)]
-    plan = plan_batch(messages, "inbound")
-    topics = [topic for topic, _, _ in plan.records]
-    assert topics == ["urls.flickr", contracts.REJECTED_TOPIC, "urls.met"] + [contracts.REJECTED_TOPIC] * 2
-    assert json.loads(plan.records[0][2])["source"] == "flickr" and plan.records[0][1] == "u-1"
+    plan = plan_batch(messages, "inbound", PARTITIONS)
+    topics = [record[0] for record in plan.records]
+    assert topics == ["urls", contracts.REJECTED_TOPIC, "urls"] + [contracts.REJECTED_TOPIC] * 2
+    assert json.loads(plan.records[0][2])["source"] == "flickr" and plan.records[0][1] == b"flickr"
     rejected = json.loads(plan.records[1][2])
     assert rejected["topic"] == "inbound" and rejected["raw"] == "{not json"
     assert rejected["error"].startswith("not JSON")
     assert json.loads(plan.records[4][2])["error"].startswith("not JSON: RecursionError")  # deep nesting
-    assert (plan.split, plan.rejected, plan.sources) == (2, 3, {"flickr", "met"})
+    assert (plan.split, plan.rejected, dict(plan.new_urls)) == (2, 3, {"flickr": 1, "met": 1})
     assert sorted((tp.topic, tp.partition, tp.offset) for tp in plan.offsets) == [("inbound", 0, 14), ("inbound", 1, 6)]
 
 
 def test_a_batch_is_produced_recorded_then_committed() -> None:
     splitter, consumer, producer, redis, created = make([[FakeMessage(good(n), n) for n in range(3)]])
     assert splitter.split_once(threading.Event()) == 3
-    assert [topic for topic, _, _ in producer.delivered] == ["urls.example"] * 3
-    assert created == [["urls.example"]]
+    assert [topic for topic, _, _ in producer.delivered] == ["urls"] * 3
     assert consumer.commits == [[("inbound", 0, 3)]]
     assert redis.smembers(contracts.INBOUND_SOURCES) == {"example"} and redis.get(contracts.NUM_SPLIT) == "3"
+    assert redis.get(contracts.urls_split_key("example")) == "3"
+    assert "example" in redis.zrangebyscore(contracts.ACTIVE_SOURCES, "-inf", "+inf")
 
 
-def test_topics_are_created_once_per_process() -> None:
-    splitter, _, _, _, created = make([[FakeMessage(good(1), 1)], [FakeMessage(good(2), 2)]])
+def test_a_slow_source_keeps_to_one_partition_and_a_fast_one_spreads_over_its_shards() -> None:
+    """One partition per URL_RATE_PER_PARTITION req/s of the source's limit (SPEC.md §1), on
+    consecutive partitions from the source's home, so its shards never share one."""
+    batch = [FakeMessage(good(n, "slow"), n) for n in range(200)] + [
+        FakeMessage(good(n, "fast"), 200 + n) for n in range(200)]
+    splitter, _, producer, _, _ = make([batch], limits={"slow": 0.5, "fast": 100.0})
     splitter.split_once(threading.Event())
+    by_source: dict[str, set[int | None]] = {}
+    for (_, key, _), partition in zip(producer.delivered, producer.placed, strict=True):
+        by_source.setdefault(key.decode(), set()).add(partition)
+    assert len(by_source["slow"]) == 1
+    home = zlib.crc32(b"fast") % PARTITIONS
+    assert by_source["fast"] == {(home + i) % PARTITIONS for i in range(contracts.url_shards(100.0))} and (
+        contracts.url_shards(100.0) == 4)
+
+
+def test_a_retry_keeps_its_partition_and_is_not_a_new_url_of_the_backlog() -> None:
+    first, retry = good(7, "fast"), good(7, "fast", attempts=1)
+    splitter, _, producer, redis, _ = make([[FakeMessage(first, 1), FakeMessage(retry, 2)]], limits={"fast": 200.0})
     splitter.split_once(threading.Event())
-    assert created == [["urls.example"]]
+    assert producer.placed[0] == producer.placed[1]
+    assert redis.get(contracts.urls_split_key("fast")) == "1" and redis.get(contracts.NUM_SPLIT) == "2"
+
+
+def test_url_partition_is_stable_and_in_range_for_any_identifier() -> None:
+    for n, identifier in enumerate(["u", "\ud800", "../x", "é" * 200, ""]):
+        for partitions in (1, 3, 256):
+            place = contracts.url_partition(f"s{n}", identifier, 8, partitions)
+            assert 0 <= place < partitions
+            assert place == contracts.url_partition(f"s{n}", identifier, 8, partitions)
+    limits = (None, 0.0, -1, float("nan"), float("inf"), 0.2, 25.0, 25.1, 200.0)
+    assert [contracts.url_shards(limit) for limit in limits] == [1, 1, 1, 1, 1, 1, 1, 2, 8]
 
 
 def test_failed_deliveries_are_resent_before_the_commit() -> None:
     producer = FakeProducer(fail_first=2, buffer_errors=3)
     splitter, consumer, _, _, _ = make([[FakeMessage(good(n), n) for n in range(5)]], producer=producer)
     splitter.split_once(threading.Event())
-    assert sorted(key for _, key, _ in producer.delivered) == [f"u-{n}" for n in range(5)]
+    assert sorted(json.loads(value)["uuid"] for _, _, value in producer.delivered) == [f"u-{n}" for n in range(5)]
     assert consumer.commits == [[("inbound", 0, 5)]]
 
 
@@ -77,7 +103,8 @@ def test_messages_that_timed_out_in_the_queue_are_resent(capsys) -> None:
     producer = FakeProducer(fail_first=2, failed_offset=None)
     splitter, consumer, _, _, _ = make([[FakeMessage(good(n), n) for n in range(5)]], producer=producer)
     splitter.split_once(threading.Event())
-    assert sorted(key for _, key, _ in producer.delivered) == [f"u-{n}" for n in range(5)]  # once each
+    assert sorted(json.loads(value)["uuid"] for _, _, value in producer.delivered) == [
+        f"u-{n}" for n in range(5)]  # once each
     assert consumer.commits == [[("inbound", 0, 5)]]
     assert "ValueError" not in capsys.readouterr().out  # resent as failures, not the batch retried
 
@@ -114,79 +141,3 @@ def test_a_batch_of_only_rejects_still_commits(capsys) -> None:
     assert [topic for topic, _, _ in producer.delivered] == [contracts.REJECTED_TOPIC]
     assert consumer.commits == [[("inbound", 0, 8)]] and redis.get(contracts.NUM_SPLIT) is None
     assert json.loads(capsys.readouterr().out)["count"] == 1
-
-
-def test_a_topic_kafka_refuses_sends_its_messages_to_rejected_and_the_rest_on() -> None:
-    def create(topics: list[str]) -> dict[str, KafkaError]:
-        refused = KafkaError(KafkaError.TOPIC_EXCEPTION, "collides with urls.a_b")
-        return {topic: refused for topic in topics if topic == "urls.a.b"}
-
-    batch = [FakeMessage(good(1, "a.b"), 1), FakeMessage(good(2, "fine"), 2), FakeMessage(good(3, "a.b"), 3)]
-    consumer, producer, redis = FakeConsumer([batch, [FakeMessage(good(4, "a.b"), 4)]]), FakeProducer(), FakeRedis()
-    splitter = Splitter(consumer, producer, redis, create, inbound_topic="inbound")
-    assert splitter.split_once(threading.Event()) == 1
-    assert splitter.split_once(threading.Event()) == 0
-    assert [topic for topic, _, _ in producer.delivered] == [
-        contracts.REJECTED_TOPIC, "urls.fine", contracts.REJECTED_TOPIC, contracts.REJECTED_TOPIC]
-    assert "refuses topic urls.a.b" in json.loads(producer.delivered[0][2])["error"]
-    assert redis.smembers(contracts.INBOUND_SOURCES) == {"fine"} and redis.get(contracts.NUM_SPLIT) == "1"
-    assert consumer.commits == [[("inbound", 0, 4)], [("inbound", 0, 5)]]
-
-
-def test_a_broker_that_is_away_during_topic_creation_retries_the_batch(monkeypatch) -> None:
-    attempts = []
-
-    def create(topics: list[str]) -> dict[str, KafkaError]:
-        attempts.append(topics)
-        if len(attempts) == 1:
-            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
-        return {}
-
-    monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: self.is_set())
-    consumer, producer, redis = FakeConsumer([[FakeMessage(good(1), 1)]]), FakeProducer(), FakeRedis()
-    Splitter(consumer, producer, redis, create, inbound_topic="inbound").split_once(threading.Event())
-    assert attempts == [["urls.example"], ["urls.example"]]
-    assert [topic for topic, _, _ in producer.delivered] == ["urls.example"]
-
-
-def test_new_topics_are_created_many_per_request_whatever_the_number_of_sources() -> None:
-    """Issue 20: a request (and an admin client) per topic made 5,000 sources take minutes."""
-    batch = [FakeMessage(good(n, f"s{n:04d}"), n) for n in range(1200)]
-    splitter, consumer, producer, _, created = make([batch])
-    assert splitter.split_once(threading.Event()) == 1200
-    assert [len(topics) for topics in created] == [TOPIC_CREATE_BATCH, TOPIC_CREATE_BATCH, 200]
-    assert len({topic for topic, _, _ in producer.delivered}) == 1200 and consumer.commits
-
-
-def test_a_topic_the_broker_could_not_create_yet_retries_only_what_is_missing(monkeypatch) -> None:
-    attempts = []
-
-    def create(topics: list[str]) -> dict[str, KafkaError]:
-        attempts.append(topics)
-        late = KafkaError(KafkaError.REQUEST_TIMED_OUT, "timed out")
-        return {"urls.b": late} if len(attempts) == 1 else {}
-
-    monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: self.is_set())
-    batch = [FakeMessage(good(1, "a"), 1), FakeMessage(good(2, "b"), 2)]
-    consumer, producer, redis = FakeConsumer([batch]), FakeProducer(), FakeRedis()
-    Splitter(consumer, producer, redis, create, inbound_topic="inbound").split_once(threading.Event())
-    assert attempts == [["urls.a", "urls.b"], ["urls.b"]]
-    assert sorted(topic for topic, _, _ in producer.delivered) == ["urls.a", "urls.b"]
-    assert consumer.commits == [[("inbound", 0, 3)]]
-
-
-def test_a_stop_while_topics_are_created_leaves_the_batch_uncommitted() -> None:
-    """The splitter stops between two creation requests, not after every topic of the batch."""
-    stop = threading.Event()
-    created: list[list[str]] = []
-
-    def create(topics: list[str]) -> dict[str, KafkaError]:
-        created.append(topics)
-        stop.set()
-        return {}
-
-    batch = [FakeMessage(good(n, f"s{n:04d}"), n) for n in range(3 * TOPIC_CREATE_BATCH)]
-    consumer, producer, redis = FakeConsumer([batch]), FakeProducer(), FakeRedis()
-    with pytest.raises(Stopping):
-        Splitter(consumer, producer, redis, create, inbound_topic="inbound").split_once(stop)
-    assert len(created) == 1 and consumer.commits == [] and producer.delivered == []

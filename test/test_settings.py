@@ -13,20 +13,27 @@ def test_defaults_match_the_spec() -> None:
     s = Settings.from_env({})
     assert (s.redis_url, s.kafka_hosts) == ("redis://localhost:6379/0", "localhost:9092")
     assert s.s3_bucket == "cc-image-analysis"
-    assert (s.target_resolution, s.max_retries, s.kafka_partitions) == (640, 1, 4)
+    assert (s.target_resolution, s.max_retries, s.url_partitions, s.max_queued_urls) == (640, 1, 256, 10_000)
     assert s.s3_endpoint_url is None and s.crawl_allow_private_networks is False
     assert (s.robots_cache_bytes, s.robots_unavailable_give_up) == (64 << 20, 86400)
 
 
 @pytest.mark.parametrize("name,value", [
     ("MAX_TASKS", "many"), ("MAX_TASKS", "0"), ("TARGET_RESOLUTION", "-5"), ("MAX_RETRIES", "1.5"),
-    ("KAFKA_PARTITIONS", "0"), ("REDIS_URL", "localhost:6379"), ("KAFKA_HOSTS", "localhost"),
+    ("URL_PARTITIONS", "0"), ("MAX_QUEUED_URLS", "1"), ("REDIS_URL", "localhost:6379"), ("KAFKA_HOSTS", "localhost"),
     ("S3_ENDPOINT_URL", "s3.local"), ("CRAWL_ALLOW_PRIVATE_NETWORKS", "maybe"), ("CRAWL_USER_AGENT", "x"),
     ("ROBOTS_CACHE_BYTES", "1000"), ("ROBOTS_UNAVAILABLE_GIVE_UP", "-1"),
 ])
 def test_bad_values_name_the_setting(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
+
+
+def test_a_replaced_setting_stops_the_process_with_what_replaced_it() -> None:
+    """KAFKA_PARTITIONS sized the per-source topics, which are gone (issue 26): a deployment
+    that still sets it is told in one line, not left to wonder why nothing changed."""
+    with pytest.raises(SettingsError, match="KAFKA_PARTITIONS is no longer read: .*URL_PARTITIONS"):
+        Settings.from_env({"KAFKA_PARTITIONS": "4"})
 
 
 @pytest.mark.parametrize("pair", [{"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}, {"AWS_SECRET_ACCESS_KEY": "secret"}])

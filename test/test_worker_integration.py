@@ -26,7 +26,8 @@ from PIL import Image
 
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_SOURCES, INBOUND_TOPIC, LINK_ROT_TOPIC,
                               METADATA_TOPIC, errors_key, last_50_key, rate_limit_key, resized_key,
-                              source_requests_key, source_topic, tokens_key)
+                              source_requests_key, tokens_key, URLS_TOPIC)
+from common.settings import Settings
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, ensure_topics, producer_config
 from devstack.servers import DEV_CREDENTIALS
 from test.conftest import BUCKET
@@ -115,10 +116,16 @@ async def monitor_stand_in(redis_client, source: str, rate: int):
         refiller.cancel()
 
 
+def ensure_crawl_topics(kafka_hosts: str) -> None:
+    """The topics a worker reads and writes, as the monitor and the workers create them."""
+    ensure_topics(kafka_hosts, OUTCOME_TOPICS, 4)
+    ensure_topics(kafka_hosts, [URLS_TOPIC], Settings().url_partitions)
+
+
 async def produce(kafka_hosts: str, source: str, messages: list[dict]) -> None:
     producer = AsyncProducer(producer_config(kafka_hosts))
     try:
-        await asyncio.gather(*(producer.send(source_topic(source), json.dumps(m).encode()) for m in messages))
+        await asyncio.gather(*(producer.send(URLS_TOPIC, json.dumps(m).encode(), source) for m in messages))
     finally:
         await producer.close()
 
@@ -201,7 +208,7 @@ async def test_worker_publishes_every_outcome_stores_thumbnails_and_counts(
     }
     messages = [{"url": url, "uuid": uuid, "source": source} for uuid, url in plan.items()]
     messages.append({"url": f"{base}/status/500/y.jpg", "uuid": f"spent-{unique}", "source": source, "attempts": 1})
-    ensure_topics(kafka_hosts, OUTCOME_TOPICS + [source_topic(source)], 4)
+    ensure_crawl_topics(kafka_hosts)
     outcomes = Outcomes(kafka_hosts, f"test-{unique}", {m["uuid"] for m in messages})
     await outcomes.start()
     async with monitor_stand_in(redis_client, source, rate=20):
@@ -248,7 +255,7 @@ async def test_sigkill_mid_batch_loses_no_url(site, workers, redis_client, kafka
     base = str(site.make_url(""))
     messages = [{"url": f"{base}/photo/{i}.jpg?delay=0.3", "uuid": f"kill-{unique}-{i}", "source": source}
                 for i in range(60)]
-    ensure_topics(kafka_hosts, OUTCOME_TOPICS + [source_topic(source)], 4)
+    ensure_crawl_topics(kafka_hosts)
     outcomes = Outcomes(kafka_hosts, f"test-{unique}", {m["uuid"] for m in messages})
     await outcomes.start()
     async with monitor_stand_in(redis_client, source, rate=8):

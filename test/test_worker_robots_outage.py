@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from common.contracts import CRAWL_ERRORS_TOPIC, METADATA_TOPIC, source_topic
-from common.kafka import ensure_topics
+from common.contracts import CRAWL_ERRORS_TOPIC, METADATA_TOPIC
 from test.sites import Page, Site
-from test.test_worker_integration import (OUTCOME_TOPICS, Outcomes, monitor_stand_in, produce,  # noqa: F401
+from test.test_worker_integration import (Outcomes, ensure_crawl_topics, monitor_stand_in, produce,  # noqa: F401
                                           stop_cleanly, workers)
 from test.worker_fakes import image_bytes
 
@@ -42,7 +41,7 @@ async def test_urls_wait_out_a_robots_txt_outage_and_are_crawled(workers, redis_
                 for name, base in [("down", down.url), ("healthy", healthy.url), ("missing", missing.url),
                                    ("refused", f"http://{REFUSED}:{refused_port}")] for i in range(3)}
         messages = [{"url": url, "uuid": uuid, "source": source} for uuid, url in plan.items()]
-        ensure_topics(kafka_hosts, OUTCOME_TOPICS + [source_topic(source)], 4)
+        ensure_crawl_topics(kafka_hosts)
         outcomes = Outcomes(kafka_hosts, f"test-{unique}", set(plan))
         await outcomes.start()
         async with monitor_stand_in(redis_client, source, rate=20):
@@ -71,7 +70,7 @@ async def test_urls_end_as_robots_unavailable_after_the_give_up(workers, redis_c
     source = f"rgive{unique}"
     async with image_site(Page(503), DOWN) as down:
         plan = {f"gone-{unique}-{i}": f"{down.url}/img/{i}.jpg" for i in range(3)}
-        ensure_topics(kafka_hosts, OUTCOME_TOPICS + [source_topic(source)], 4)
+        ensure_crawl_topics(kafka_hosts)
         outcomes = Outcomes(kafka_hosts, f"test-{unique}", set(plan))
         await outcomes.start()
         async with monitor_stand_in(redis_client, source, rate=20):

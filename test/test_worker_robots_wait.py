@@ -1,4 +1,4 @@
-"""URLs whose robots.txt is unavailable wait in Kafka, not in a task (worker.robots_wait*)."""
+"""URLs whose robots.txt is unavailable wait in Kafka, not in a task (worker.waiting*)."""
 from __future__ import annotations
 
 import asyncio
@@ -6,15 +6,14 @@ import json
 import time
 from dataclasses import replace
 
-from common.contracts import (CRAWL_ERRORS_TOPIC, ROBOTS_WAIT_TOPICS, CrawlRequest, parse_crawl_request,
-                              source_topic)
+from common.contracts import CRAWL_ERRORS_TOPIC, URLS_TOPIC, WAIT_TOPICS, CrawlRequest, parse_crawl_request
 from common.statuses import Status
 from test.test_worker_task import SETTINGS, SOURCE, Run
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker.feed import Record
 from worker.fetch import FetchError
-from worker.robots_wait import wait_message, wait_times
-from worker.robots_wait_line import RobotsWaitLine
+from worker.waiting import wait_message, wait_times
+from worker.wait_line import WaitLine
 
 
 def unavailable(retry_in: float) -> FetchError:
@@ -24,7 +23,7 @@ def unavailable(retry_in: float) -> FetchError:
 async def test_an_unavailable_robots_txt_sends_the_url_to_wait_not_to_an_end():
     run = await Run(unavailable(30))()
     assert not run.producer.on(CRAWL_ERRORS_TOPIC) and run.last_statuses() == []
-    (waiting,) = run.producer.on(ROBOTS_WAIT_TOPICS[0])
+    (waiting,) = run.producer.on(WAIT_TOPICS[0])
     assert abs(waiting["not_before"] - (time.time() + 30)) < 5 and waiting["due"] <= waiting["not_before"]
     assert abs(waiting["robots_wait_since"] - time.time()) < 5
     since = waiting["robots_wait_since"]
@@ -38,14 +37,14 @@ async def test_a_url_that_waited_past_the_give_up_ends_as_robots_unavailable():
     await run()
     (error,) = run.producer.on(CRAWL_ERRORS_TOPIC)
     assert error["reason"] == "RobotsUnavailable"
-    assert not any(run.producer.on(t) for t in ROBOTS_WAIT_TOPICS)
+    assert not any(run.producer.on(t) for t in WAIT_TOPICS)
 
 
 async def test_a_wait_comes_back_at_the_give_up_time_if_that_is_sooner():
     run = Run(unavailable(3600))
     run.request = replace(run.request, robots_wait_since=time.time() - SETTINGS.robots_unavailable_give_up + 100)
     await run()
-    (waiting,) = [m for t in ROBOTS_WAIT_TOPICS for m in run.producer.on(t)]
+    (waiting,) = [m for t in WAIT_TOPICS for m in run.producer.on(t)]
     assert waiting["not_before"] - time.time() < 101
 
 
@@ -55,7 +54,7 @@ def test_waits_take_the_longest_turn_they_cover():
     for wait, topic, turn in [(5, 0, 5), (30, 0, 30), (299, 0, 30), (300, 1, 300), (3599, 1, 300),
                               (3600, 2, 3600), (86_400, 2, 3600)]:
         name, value = wait_message(request, now + wait, now)
-        assert (name, wait_times(value)) == (ROBOTS_WAIT_TOPICS[topic], (now + turn, now + wait)), wait
+        assert (name, wait_times(value)) == (WAIT_TOPICS[topic], (now + turn, now + wait)), wait
 
 
 def record(topic: str, partition: int, offset: int, value: bytes) -> Record:
@@ -67,22 +66,22 @@ async def test_the_line_hands_back_what_is_due_and_holds_the_rest_uncommitted():
     request = CrawlRequest("http://h/x", "due", SOURCE, robots_wait_since=now - 60)
     later = replace(request, uuid="later")
     again = replace(request, uuid="again")  # its turn is over, its wait is not: another turn
-    first = ROBOTS_WAIT_TOPICS[0]
+    first = WAIT_TOPICS[0]
     records = [record(first, 0, 0, request.to_json(not_before=now - 1, due=now - 1)),
                record(first, 0, 1, later.to_json(not_before=now + 0.6, due=now + 0.6)),
                record(first, 1, 5, again.to_json(not_before=now + 400, due=now - 1)),
                record(first, 1, 6, b"not json")]
     feed, producer = FakeFeed(records), FakeProducer()
-    line = RobotsWaitLine(feed, producer)
+    line = WaitLine(feed, producer)
     running = asyncio.create_task(line.run())
     await asyncio.sleep(0.2)
-    assert [m["uuid"] for m in producer.on(source_topic(SOURCE))] == ["due"]
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["due"]
     assert feed.committed() == {(first, 0): 1, (first, 1): 7}
     assert (first, 0) in feed.paused  # "later" is held, the partition paused
-    (turn,) = producer.on(ROBOTS_WAIT_TOPICS[1])
+    (turn,) = producer.on(WAIT_TOPICS[1])
     assert turn["uuid"] == "again" and turn["robots_wait_since"] == now - 60
     await asyncio.sleep(0.8)
-    assert [m["uuid"] for m in producer.on(source_topic(SOURCE))] == ["due", "later"]
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["due", "later"]
     assert feed.committed()[(first, 0)] == 2 and (first, 0) not in feed.paused
     line.stop()
     await asyncio.wait_for(running, 5)

@@ -1,29 +1,38 @@
-"""The scheduler with a fake consumer: slots by need, halts, commits, shutdown."""
+"""The scheduler with a fake consumer: slots by need, parking, halts, commits, shutdown."""
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 
-from common.contracts import (HALTED, INBOUND_SOURCES, REJECTED_TOPIC, TEMP_HALTED, CrawlRequest,
-                              rate_limit_key, source_topic)
+from common.contracts import (ACTIVE_SOURCES, HALTED, HALTED_URLS_TOPIC, INBOUND_SOURCES, REJECTED_TOPIC,
+                              TEMP_HALTED, URLS_TOPIC, WAIT_TOPICS, CrawlRequest, rate_limit_key)
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker import scheduler as scheduler_module
 from worker.allocation import reserve
-from worker.constants import QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS
+from worker.constants import PARK_DEFAULT_SECONDS, QUEUE_SECONDS
 from worker.feed import Record
 from worker.offsets import PartitionOffsets
 from worker.scheduler import Scheduler
 from worker.tokens import TokenBuckets
 
 
-def records(source: str, count: int, partitions: int = 1) -> list[Record]:
+URLS_0 = (URLS_TOPIC, 0)
+
+
+def records(source: str, count: int, partition: int = 0, first_offset: int = 0) -> list[Record]:
     out = []
     for i in range(count):
         value = json.dumps({"url": f"http://{source}.example/{i}.jpg", "uuid": f"{source}-{i}",
                             "source": source}).encode()
-        out.append(Record(source_topic(source), i % partitions, i // partitions, value))
+        out.append(Record(URLS_TOPIC, partition, first_offset + i, value))
     return out
+
+
+def interleaved(*sources: list[Record]) -> list[Record]:
+    """The sources' records in one partition, in the order given, renumbered."""
+    return [Record(URLS_TOPIC, 0, offset, r.value) for offset, r in enumerate(r for rs in sources for r in rs)]
 
 
 async def redis_with(sources: dict[str, float]) -> FakeRedis:
@@ -34,9 +43,9 @@ async def redis_with(sources: dict[str, float]) -> FakeRedis:
     return redis
 
 
-def make(feed, redis, handle, max_tasks=50, producer=None) -> Scheduler:
+def make(feed, redis, handle, max_tasks=50, producer=None, max_queued=10_000) -> Scheduler:
     return Scheduler(feed, redis, handle, producer or FakeProducer(), TokenBuckets(redis), {},
-                     max_tasks=max_tasks, shutdown_timeout=5.0)
+                     max_tasks=max_tasks, shutdown_timeout=5.0, max_queued=max_queued)
 
 
 async def take_token(tokens: TokenBuckets, source: str) -> None:
@@ -103,16 +112,17 @@ async def test_offsets_are_committed_only_below_unfinished_tasks() -> None:
         while len(done) < 9 or not feed.commits:
             await asyncio.sleep(0.02)
         await asyncio.sleep(1.2)  # one more commit interval
-    assert feed.committed()[(source_topic("a"), 0)] == 3
+    assert feed.committed()[URLS_0] == 3
     blocked.set()
     scheduler.stop()
     await runner
-    assert feed.committed()[(source_topic("a"), 0)] == 10
+    assert feed.committed()[URLS_0] == 10
+    assert feed.subscriptions == [[URLS_TOPIC]]  # once, whatever the sources
 
 
 async def test_fast_source_gets_slots_by_need_among_many_slow_ones() -> None:
     slow = {f"slow{i}": 0.5 for i in range(60)}
-    feed = FakeFeed(records("fast", 400) + [r for s in slow for r in records(s, 3)])
+    feed = FakeFeed(records("fast", 400) + [r for n, s in enumerate(slow) for r in records(s, 3, partition=1 + n)])
     running, peak = Counter(), Counter()
 
     async def handle(request: CrawlRequest) -> float:
@@ -128,60 +138,87 @@ async def test_fast_source_gets_slots_by_need_among_many_slow_ones() -> None:
     assert max(peak[s] for s in slow) == 1
 
 
-async def test_a_fast_source_queues_seconds_of_its_rate_before_its_partitions_pause() -> None:
-    # Pausing drops what the consumer prefetched, and a resumed partition waits for the next
-    # fetch: a queue of only twice its slots (98 here) ran dry between fetches (issue 20).
-    feed = FakeFeed(records("fast", 1000), batch_size=50)
+async def test_a_slow_source_ahead_in_the_partition_holds_back_no_other_source(monkeypatch) -> None:
+    """Issue 26: 2,000 URLs of a 1 req/s source, then a fast source's, in one partition. The
+    slow one queues QUEUE_SECONDS of its rate; the rest is parked in the wait topics, each
+    URL at its turn 1/rate apart, and committed: the fast source's URLs behind it are read
+    and crawled at once, and the partition is never paused."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    feed = FakeFeed(interleaved(records("slow", 2000), records("fast", 200)), batch_size=500)
+    producer = FakeProducer()
+    crawled = Counter()
+
+    async def handle(request: CrawlRequest) -> float:
+        await asyncio.sleep(1.0 if request.source == "slow" else 0.01)  # a token a second
+        crawled[request.source] += 1
+        return 0.01
+
+    scheduler = make(feed, await redis_with({"slow": 1.0, "fast": 100.0}), handle, producer=producer)
+    scheduler.rates.update({"slow": 1.0, "fast": 100.0})  # as a refresh reads them
+    started = time.time()
+    await run_until(scheduler, lambda: crawled["fast"] == 200 and len(
+        [m for topic in WAIT_TOPICS for m in producer.on(topic)]) >= 2000 - 10)
+    parked = [m for topic in WAIT_TOPICS for m in producer.on(topic)]
+    assert {m["source"] for m in parked} == {"slow"} and crawled["slow"] <= 5
+    waits = sorted(m["not_before"] for m in parked)
+    gaps = [round(b - a, 3) for a, b in zip(waits, waits[1:], strict=False)]
+    assert all(0.99 <= gap <= 1.01 for gap in gaps), sorted(gaps)[:5] + sorted(gaps)[-5:]  # one a second
+    assert waits[0] - started < QUEUE_SECONDS + 5 and not feed.pauses
+    unfinished = scheduler._offsets[URLS_0]._unfinished
+    assert len(unfinished) <= 10  # parked URLs are done here: only the slow queue holds the commit
+
+
+async def test_what_a_worker_holds_is_bounded_whatever_the_number_of_sources() -> None:
+    """MAX_QUEUED_URLS: past it every partition is paused until half has gone."""
+    urls = [r for n in range(300) for r in records(f"s{n}", 1, partition=n % 4, first_offset=n)]
+    feed = FakeFeed(urls, batch_size=50)
     release = asyncio.Event()
 
     async def handle(request: CrawlRequest) -> float:
         await release.wait()
-        return 0.2
+        return 0.01
 
-    scheduler = make(feed, await redis_with({"fast": 100.0}), handle, max_tasks=50)
-    # Released before the stop, or the stop would wait out its shutdown timeout for the tasks.
-    await run_until(scheduler, lambda: (source_topic("fast"), 0) in feed.paused and not release.set())
-    taken = 1000 - len(feed.records)
-    assert taken >= 49 + int(100.0 * QUEUE_SECONDS)  # the running tasks and 5 s of URLs
-    assert taken <= 49 + QUEUE_MAX_PER_SOURCE
+    scheduler = make(feed, await redis_with({}), handle, max_tasks=10, max_queued=100)
+    await run_until(scheduler, lambda: len(feed.paused) == 4 and not release.set())
+    assert 100 <= scheduler._queued + scheduler._total <= 100 + 50 + 10
+    assert len(feed.records) >= 300 - 160
 
 
-async def test_halted_source_is_paused_and_not_crawled_until_resumed(monkeypatch) -> None:
+async def test_a_source_with_work_is_told_to_the_regulator(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    redis = await redis_with({"a": 1.0})
+    scheduler = make(FakeFeed(records("a", 1)), redis, lambda r: asyncio.sleep(0.3, 0.0))
+    await run_until(scheduler, lambda: "a" in redis.store.get(ACTIVE_SOURCES, {}))
+
+
+async def test_halted_source_is_parked_until_resumed_and_holds_back_nothing(monkeypatch) -> None:
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.1)
-    feed = FakeFeed(records("good", 5) + records("bad", 5))
+    feed = FakeFeed(interleaved(records("bad", 5), records("good", 5)))
     redis = await redis_with({"good": 10.0, "bad": 10.0})
     await redis.sadd(HALTED, "bad")
     await redis.sadd(TEMP_HALTED, "other")
+    producer = FakeProducer()
     crawled = []
 
     async def handle(request: CrawlRequest) -> float:
         crawled.append(request.source)
         return 0.01
 
-    scheduler = make(feed, redis, handle)
-    runner = asyncio.create_task(scheduler.run())
-    async with asyncio.timeout(10):
-        while crawled.count("good") < 5 or (source_topic("bad"), 0) not in feed.paused:
-            await asyncio.sleep(0.02)
-    assert "bad" not in crawled
-    await redis.srem(HALTED, "bad")
-    async with asyncio.timeout(10):
-        while crawled.count("bad") < 5:
-            await asyncio.sleep(0.02)
-    assert (source_topic("bad"), 0) not in feed.paused
-    scheduler.stop()
-    await runner
+    scheduler = make(feed, redis, handle, producer=producer)
+    await run_until(scheduler, lambda: crawled.count("good") == 5 and feed.committed().get(URLS_0) == 10)
+    assert "bad" not in crawled and not feed.pauses
+    assert sorted(m["uuid"] for m in producer.on(HALTED_URLS_TOPIC)) == [f"bad-{i}" for i in range(5)]
 
 
 async def test_invalid_message_goes_to_rejected_messages_and_is_committed() -> None:
-    bad = Record(source_topic("a"), 0, 0, b"{not json")
+    bad = Record(URLS_TOPIC, 0, 0, b"{not json")
     feed = FakeFeed([bad])
     producer = FakeProducer()
     scheduler = make(feed, await redis_with({"a": 1.0}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
     await run_until(scheduler, lambda: producer.on(REJECTED_TOPIC))
     (rejected,) = producer.on(REJECTED_TOPIC)
-    assert rejected["topic"] == source_topic("a") and rejected["raw"] == "{not json"
-    assert feed.committed()[(source_topic("a"), 0)] == 1
+    assert rejected["topic"] == URLS_TOPIC and rejected["raw"] == "{not json"
+    assert feed.committed()[URLS_0] == 1
 
 
 async def test_stop_finishes_requests_in_flight_and_abandons_token_waiters(monkeypatch) -> None:
@@ -199,12 +236,12 @@ async def test_stop_finishes_requests_in_flight_and_abandons_token_waiters(monke
 
     scheduler = Scheduler(feed, redis, handle, FakeProducer(), tokens, {}, max_tasks=10, shutdown_timeout=5.0)
     runner = asyncio.create_task(scheduler.run())
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.45)  # its rate is read 0.2 s after its first URL: two slots from then
     scheduler.stop()
     async with asyncio.timeout(5):
         await runner
     assert sorted(finished) == ["a-0", "a-1"]
-    assert feed.committed()[(source_topic("a"), 0)] == 2  # a-2 and a-3 stay for the next worker
+    assert feed.committed()[URLS_0] == 2  # a-2 and a-3 stay for the next worker
 
 
 async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
@@ -221,76 +258,13 @@ async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
     scheduler.stop()
     async with asyncio.timeout(5):
         await runner
-    assert (source_topic("a"), 0) not in feed.committed()
+    assert URLS_0 not in feed.committed()
 
 
-async def subscribed(monkeypatch, source: str, refresh: float, subscribe_interval: float, settle: float = 0.0):
-    """A scheduler over no messages, running until it has subscribed to ``source``, its only one."""
-    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", refresh)
-    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_INTERVAL", subscribe_interval)
-    monkeypatch.setattr(scheduler_module, "SUBSCRIBE_SETTLE", settle)
-    feed = FakeFeed([])
-    redis = await redis_with({source: 1.0})
-    scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
-    runner = asyncio.create_task(scheduler.run())
-    async with asyncio.timeout(5):
-        while not feed.subscriptions:
-            await asyncio.sleep(0.01)
-    return feed, redis, scheduler, runner
-
-
-async def announce_s01_to_s19(redis: FakeRedis, feed: FakeFeed, every: float) -> None:
-    """Sources s01..s19 join inbound_sources one by one, ``every`` s apart; returns once the
-    subscription holds all of them (and s00)."""
-    async with asyncio.timeout(5):
-        for n in range(1, 20):
-            await redis.sadd(INBOUND_SOURCES, f"s{n:02d}")
-            await asyncio.sleep(every)
-        while len(feed.subscriptions[-1]) < 20:
-            await asyncio.sleep(0.01)
-
-
-async def test_new_sources_are_subscribed_when_they_appear(monkeypatch) -> None:
-    feed, redis, scheduler, runner = await subscribed(monkeypatch, "a", refresh=0.05, subscribe_interval=0.0)
-    async with asyncio.timeout(5):
-        await redis.sadd(INBOUND_SOURCES, "b")
-        while len(feed.subscriptions) < 2:
-            await asyncio.sleep(0.01)
-        await redis.srem(INBOUND_SOURCES, "a", "b")  # Redis restarted empty
-        redis.store.pop(rate_limit_key("a"))
-        await redis.sadd(INBOUND_SOURCES, "c")
-        while len(feed.subscriptions) < 3:
-            await asyncio.sleep(0.01)
-    scheduler.stop()
-    await runner
-    assert feed.subscriptions == [[source_topic("a")], [source_topic("a"), source_topic("b")],
-                                  [source_topic("a"), source_topic("b"), source_topic("c")]]
-    assert scheduler.rates == {"a": 1.0}  # kept, though its key is gone
-
-
-async def test_sources_that_trickle_in_join_the_subscription_together(monkeypatch) -> None:
-    """Issue 20: a subscription change per new source is a group rebalance per new source."""
-    feed, redis, scheduler, runner = await subscribed(monkeypatch, "s00", refresh=0.02, subscribe_interval=0.5)
-    await announce_s01_to_s19(redis, feed, every=0.04)  # a new source every refresh or so, for ~0.8 s
-    scheduler.stop()
-    await runner
-    assert feed.subscriptions[0] == [source_topic("s00")]  # the first at once
-    assert len(feed.subscriptions) <= 4  # then at most one change per 0.5 s, not 19
-
-
-async def test_sources_announced_in_a_burst_join_once_it_has_settled(monkeypatch) -> None:
-    """The splitter announces thousands of new topics 500 at a time: one change, not one per chunk."""
-    feed, redis, scheduler, runner = await subscribed(monkeypatch, "s00", refresh=0.02, subscribe_interval=0.0,
-                                                      settle=0.3)
-    await announce_s01_to_s19(redis, feed, every=0.05)  # a chunk of new sources every 0.05 s, for ~1 s
-    scheduler.stop()
-    await runner
-    assert feed.subscriptions == [[source_topic("s00")], [source_topic(f"s{n:02d}") for n in range(20)]]
-
-
-async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their_urls(monkeypatch) -> None:
+async def test_halting_a_source_frees_slots_of_its_token_waiters_and_parks_their_urls(monkeypatch) -> None:
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
     feed = FakeFeed(records("a", 3))
+    producer = FakeProducer()
     redis = await redis_with({"a": 1.0})
     await redis.set("currtokens:a", 0)
     tokens = TokenBuckets(redis)
@@ -301,43 +275,22 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_keeps_their
         done.append(request.uuid)
         return 0.01
 
-    scheduler = Scheduler(feed, redis, handle, FakeProducer(), tokens, {}, max_tasks=10, shutdown_timeout=5.0)
+    scheduler = Scheduler(feed, redis, handle, producer, tokens, {}, max_tasks=10, shutdown_timeout=5.0)
     runner = asyncio.create_task(scheduler.run())
     async with asyncio.timeout(10):
         while scheduler._total == 0:
             await asyncio.sleep(0.01)
         await redis.sadd(TEMP_HALTED, "a")
-        while scheduler._total:  # the waiters gave their slots back
-            await asyncio.sleep(0.01)
-        await redis.srem(TEMP_HALTED, "a")
-        await redis.set("currtokens:a", 3)
-        while len(done) < 3:
+        while scheduler._total or feed.committed().get(URLS_0) != 3:  # slots given back, URLs parked
             await asyncio.sleep(0.01)
     scheduler.stop()
     await runner
-    assert sorted(done) == ["a-0", "a-1", "a-2"]
-    assert feed.committed()[(source_topic("a"), 0)] == 3
+    assert done == []
+    parked = producer.on(WAIT_TOPICS[0])  # a temporary halt waits a turn, then is looked at again
+    assert sorted(m["uuid"] for m in parked) == ["a-0", "a-1", "a-2"]
+    assert all(abs(m["not_before"] - time.time() - PARK_DEFAULT_SECONDS) < 2 for m in parked)
 
 
 def test_unusable_rates_count_as_unknown() -> None:
     assert [scheduler_module._as_rate(raw) for raw in ("2.5", "0", "-1", "nan", "inf", "fast", None)] == [
         2.5, 0.0, None, None, None, None, None]
-
-
-async def test_a_worker_without_sources_looks_for_them_often(monkeypatch) -> None:
-    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 30.0)
-    monkeypatch.setattr(scheduler_module, "IDLE_REFRESH_INTERVAL", 0.05)
-    feed = FakeFeed([])
-    redis = FakeRedis()
-    scheduler = make(feed, redis, lambda r: asyncio.sleep(0, 0.0))
-    runner = asyncio.create_task(scheduler.run())
-    try:
-        await asyncio.sleep(0.2)  # a few idle reads, none found
-        await redis.sadd(INBOUND_SOURCES, "a")
-        async with asyncio.timeout(2):  # not the 30 s of a worker that has sources
-            while not feed.subscriptions:
-                await asyncio.sleep(0.01)
-    finally:
-        scheduler.stop()
-        await runner
-    assert feed.subscriptions == [[source_topic("a")]]

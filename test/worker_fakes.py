@@ -82,6 +82,12 @@ class FakeRedis:
     async def srem(self, key: str, *members: str) -> None:
         self.store.setdefault(key, set()).difference_update(members)
 
+    async def zadd(self, key: str, mapping: dict[str, float], gt: bool = False) -> int:
+        scores = self.store.setdefault(key, {})
+        for member, score in mapping.items():
+            scores[member] = max(score, scores.get(member, score)) if gt else score
+        return len(mapping)
+
     def pipeline(self, transaction: bool = True) -> FakePipeline:
         return FakePipeline(self)
 
@@ -203,6 +209,7 @@ class FakeFeed:
         self.batch_size = batch_size
         self.assigned_once = False
         self.paused: set[tuple[str, int]] = set()
+        self.pauses = 0  # pause calls that paused anything
         self.commits: list[dict[tuple[str, int], int]] = []
         self.subscriptions: list[list[str]] = []
 
@@ -224,6 +231,7 @@ class FakeFeed:
         return batch
 
     async def pause(self, parts) -> None:
+        self.pauses += bool(parts)
         self.paused.update(parts)
 
     async def resume(self, parts) -> None:

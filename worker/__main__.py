@@ -13,7 +13,8 @@ import signal
 import aiohttp
 
 from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOPPED
-from common.contracts import EVENT_TASK_CRASHED, ROBOTS_WAIT_GROUP, ROBOTS_WAIT_TOPICS, WORKER_GROUP
+from common.contracts import (EVENT_TASK_CRASHED, HALTED_GROUP, HALTED_URLS_TOPIC, URLS_TOPIC,
+                              WAIT_GROUP, WAIT_TOPIC_PARTITIONS, WAIT_TOPICS, WORKER_GROUP)
 from common.jsonlog import log_event
 from common.redis_client import bounded_redis
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, ensure_topics, producer_config
@@ -25,10 +26,11 @@ from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver, build_connector
 from worker.politeness.gate import build_gate
 from worker.pool import ImagePool
-from worker.robots_wait_line import RobotsWaitLine
+from worker.halted_line import HaltedLine
+from worker.wait_line import WaitLine
 from worker.scheduler import Scheduler
 from worker.stats import Stats
-from worker.task import ImageTask
+from worker.task import ImageTask, persist
 from worker.thumbnails import s3_thumbnails
 from worker.tokens import TokenBuckets
 
@@ -37,8 +39,9 @@ async def run(settings: Settings) -> None:
     redis = bounded_redis(settings.redis_url, REDIS_MAX_CONNECTIONS)
     producer = AsyncProducer(producer_config(settings.kafka_hosts))
     consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
-    # URLs waiting for robots.txt come back through a consumer of their own (worker.robots_wait).
-    wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, ROBOTS_WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
+    # URLs waiting in Kafka come back through consumers of their own (worker.waiting, worker.halted_line).
+    wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
+    halted_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, HALTED_GROUP, **CONSUMER_EXTRA_CONFIG))
     pool = ImagePool()
     connector = build_connector(settings, limit=settings.max_tasks,
                                 limit_per_host=settings.crawl_per_host_connections)
@@ -55,38 +58,50 @@ async def run(settings: Settings) -> None:
                               body_budget=settings.body_budget_bytes)
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
             scheduler = Scheduler(KafkaFeed(consumer), redis, task.process, producer, tokens, rates,
-                                  settings.max_tasks, settings.shutdown_timeout)
-            wait_line = RobotsWaitLine(KafkaFeed(wait_consumer), producer, create_topics=lambda: asyncio.to_thread(
-                ensure_topics, settings.kafka_hosts, ROBOTS_WAIT_TOPICS, settings.kafka_partitions))
+                                  settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)
+            # Every topic this worker reads, so that a worker started before the monitor subscribes
+            # to topics that exist (librdkafka would look for a missing one again only minutes later).
+            await persist("kafka_create_topics", lambda: asyncio.to_thread(_ensure_topics, settings))
+            lines: list[WaitLine | HaltedLine] = [WaitLine(KafkaFeed(wait_consumer), producer),
+                     HaltedLine(KafkaFeed(halted_consumer), producer, lambda: scheduler.halted)]
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, scheduler.stop)
             log_event(EVENT_WORKER_STARTED, max_tasks=settings.max_tasks, processes=pool.processes)
-            waiting = asyncio.create_task(wait_line.run())
-            # A wait line that died would leave waiting URLs uncommitted until this worker
-            # stops: stop it now, so its supervisor restarts it and they come back.
-            waiting.add_done_callback(lambda done: None if done.cancelled() or done.exception() is None
-                                      else scheduler.stop())
+            running = [asyncio.create_task(line.run()) for line in lines]
+            # A line that died would leave its URLs uncommitted until this worker stops: stop
+            # it now, so its supervisor restarts it and they come back.
+            for line_task in running:
+                line_task.add_done_callback(lambda done: None if done.cancelled() or done.exception() is None
+                                            else scheduler.stop())
             try:
                 await scheduler.run()
             finally:
-                wait_line.stop()
-                try:
-                    await asyncio.wait_for(waiting, settings.shutdown_timeout)
-                except TimeoutError:
-                    pass  # cancelled mid-poll: what it had not handed on is read again from the commit
-                except Exception as exc:
-                    log_event(EVENT_TASK_CRASHED, topic="robots_wait", error=repr(exc)[:500])
-                    raise  # exit non-zero: a bug, for the supervisor and the operator to see
+                for line in lines:
+                    line.stop()
+                for line_task in running:
+                    try:
+                        await asyncio.wait_for(line_task, settings.shutdown_timeout)
+                    except TimeoutError:
+                        pass  # cancelled mid-poll: what it had not handed on is read again from the commit
+                    except Exception as exc:
+                        log_event(EVENT_TASK_CRASHED, topic="wait_line", error=repr(exc)[:500])
+                        raise  # exit non-zero: a bug, for the supervisor and the operator to see
     finally:
         undelivered = await producer.close(settings.shutdown_timeout)
         await wait_consumer.close(leave_group=settings.kafka_leave_group)
+        await halted_consumer.close(leave_group=settings.kafka_leave_group)
         await consumer.close(leave_group=settings.kafka_leave_group)
         await images.close()
         await session.close()
         await redis.aclose()
         pool.close()
         log_event(EVENT_WORKER_STOPPED, undelivered=undelivered)
+
+
+def _ensure_topics(settings: Settings) -> None:
+    ensure_topics(settings.kafka_hosts, [URLS_TOPIC], settings.url_partitions)
+    ensure_topics(settings.kafka_hosts, [*WAIT_TOPICS, HALTED_URLS_TOPIC], WAIT_TOPIC_PARTITIONS)
 
 
 def _raise_open_files_limit() -> None:

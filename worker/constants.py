@@ -93,11 +93,17 @@ STALE_TOKEN_SECONDS = 0.03
 TOKEN_ANSWER_SMOOTHING = 0.01
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute
 
-# --- URLs waiting for robots.txt (worker/robots_wait.py) ------------------------
-# The length of a turn in each wait topic (common.contracts.ROBOTS_WAIT_TOPICS): a wait
+# --- URLs waiting in Kafka (worker/waiting.py, worker/wait_line.py, worker/halted_line.py) --------
+# The length of a turn in each wait topic (common.contracts.WAIT_TOPICS): a wait
 # takes the longest turn it covers, so an hour's wait is one message, not 120.
-ROBOTS_WAIT_TIER_SECONDS = (30.0, 300.0, 3600.0)
-ROBOTS_WAIT_POLL_SECONDS = 0.5  # how late past its time a waiting URL may be handed back
+WAIT_TIER_SECONDS = (30.0, 300.0, 3600.0)
+WAIT_POLL_SECONDS = 0.5  # how late past its time a waiting URL may be handed back
+# A parked URL of a source whose rate is unknown or zero (paused by Retry-After, temporarily
+# halted) is tried again this much later.
+PARK_DEFAULT_SECONDS = 30.0
+# The halted line reads urls_halted when a source leaves the halted sets, and at least this
+# often besides (a resume it missed, a URL parked just as its source was resumed).
+HALTED_RESCAN_SECONDS = 600.0
 
 # --- Redis (worker/__main__.py) ------------------------------------------------
 # Connections per worker; a task past them waits for one (common.redis_client). Every call
@@ -108,34 +114,29 @@ REDIS_MAX_CONNECTIONS = 32
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
 POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages
-REFRESH_INTERVAL = 2.0        # seconds between reads of sources, halts and rates
-IDLE_REFRESH_INTERVAL = 0.25  # the same while no source is known: a fresh crawl starts sooner
-SUBSCRIBE_INTERVAL = 10.0     # seconds between two subscription changes (each one rebalances the group)
-# New sources join once no other has appeared for SUBSCRIBE_SETTLE s (the splitter announces
-# 5,000 new topics 500 at a time), or SUBSCRIBE_MAX_WAIT s after the first of them: at 20,000
-# partitions a rebalance took 8-57 s on tansu, and a change made during one restarted it.
-SUBSCRIBE_SETTLE = 4.0
-SUBSCRIBE_MAX_WAIT = 30.0
+REFRESH_INTERVAL = 2.0        # seconds between reads of halts and rates
+NEW_SOURCE_REFRESH = 0.2      # seconds: how soon a source new to this worker has its rate read
+# Per-source state (rates, latencies, token turns) of sources with no work here is dropped once
+# it holds this many more than twice the sources with work: bounded, and not rebuilt every refresh.
+FORGET_ABOVE = 2000
+DEMAND_INTERVAL = 10.0        # a source with work here is scored in active_sources at most this often
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
-# A source's partitions are paused once its queue here holds this many seconds of its rate (or
-# twice its slots, if more), and resumed at half. Pausing drops what librdkafka had prefetched
-# for them (librdkafka issue 5343), and a resumed partition waits for the next fetch, which
-# covers every partition the worker owns (10,000 at 5,000 sources, issue 20): the half left
-# must last that long. Two slots' worth was 40 URLs of a 100 req/s source, 0.4 s.
+# A source's queue here holds this many seconds of its rate (or twice its slots, if more);
+# its next URLs are parked in Kafka until their turn (worker.scheduler), so that no source holds
+# back the others of its partition.
 QUEUE_SECONDS = 5.0
+QUEUE_UNRATED = 1000          # URLs of a source queued before its rate is known here (then trimmed)
 QUEUE_MAX_PER_SOURCE = 5000   # URLs; an operator's override of thousands a second queues no more
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed
 LATENCY_SMOOTHING = 0.2       # weight of a new sample in the latency average
 ASSIGN_OFFSETS_TIMEOUT = 30.0  # seconds for the committed offsets of newly assigned partitions (worker/feed.py)
 CONSUMER_EXTRA_CONFIG = {
-    # Round-robin, not cooperative-sticky: librdkafka's sticky assignor never finished an
-    # assignment of 20,000 partitions (5,000 sources x 4; librdkafka issue 4629), so the
-    # topics of sources that came later were never read (issue 20). Round-robin assigns
-    # 20,000 in a moment; the cost is an eager rebalance: each subscription change (new
-    # sources, at most once per SUBSCRIBE_INTERVAL) or member change revokes every
-    # partition, and URLs in flight or finished since the last commit are read again.
+    # Round-robin, eager: the subscription never changes during a crawl (one urls topic, issue
+    # 26), so a rebalance comes only with a worker joining or leaving the group. (librdkafka's
+    # cooperative-sticky assignor never finished assigning the 20,000 partitions of the
+    # per-source layout, issue 20.)
     "partition.assignment.strategy": "roundrobin",
     "queued.max.messages.kbytes": 8192,
 }

@@ -1,7 +1,7 @@
-"""The scheduler's view of Kafka: one consumer for every ``urls.{source}`` topic.
+"""The scheduler's view of Kafka: one consumer of the ``urls`` topic (and one per wait line).
 
 One consumer with per-partition pause and resume replaces the reference's
-consumer per source, so thousands of sources cost one group member. Every
+consumer per source, so millions of sources cost one group member. Every
 call runs on the consumer's own thread (``common.kafka.AsyncConsumer``);
 rebalance callbacks, which librdkafka runs on that thread inside
 ``consume``, only queue events that ``poll`` hands to the event loop.
@@ -145,6 +145,20 @@ class KafkaFeed:
             await self._consumer.call(lambda c: getattr(c, action)([TopicPartition(t, p) for t, p in parts]))
         except KafkaException as exc:  # e.g. a partition revoked in the meantime
             log_event(EVENT_CONSUMER_FLOW_FAILED, action=action, error=str(exc))
+
+    async def high_watermarks(self, parts: list[TP]) -> dict[TP, int]:
+        """The offset each partition's next message will get: where its log ends now."""
+        def ends(consumer: Consumer) -> dict[TP, int]:
+            return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=ASSIGN_OFFSETS_TIMEOUT,
+                                                           cached=False)[1] for t, p in parts}
+        return await self._consumer.call(ends)
+
+    async def seek(self, positions: dict[TP, int]) -> None:
+        """Read each partition again from ``position`` (it must be assigned to this consumer)."""
+        def seek_all(consumer: Consumer) -> None:
+            for (t, p), offset in positions.items():
+                consumer.seek(TopicPartition(t, p, offset))
+        await self._consumer.call(seek_all)
 
     async def commit(self, positions: dict[TP, int]) -> bool:
         """Commit each partition's position (the next offset to read); False if the broker refused."""

@@ -1,17 +1,24 @@
-"""Which URLs a worker crawls next, and when their offsets are committed.
+"""Which URLs a worker crawls next, where the others wait, and when offsets are committed.
 
-One consumer reads every ``urls.{source}`` topic; messages wait in a
-per-source queue and start as tasks on the source's reserved slots (its
-need, rate x observed latency) or, one at a time, on the shared slots that
-are the floor of every source (``allocation.reserve``), within MAX_TASKS.
-A source whose queue is full (seconds of its rate), or that is halted
-(``halted``/``temp_halted``), has its partitions paused: its URLs stay in
-Kafka instead of piling up here. Sources are taken in rotation, so shared
-slots go round.
+One consumer reads the ``urls`` topic, subscribed once: a new source costs no
+rebalance (issue 26). Messages wait in a per-source queue and start as tasks on
+the source's reserved slots (its need, rate x observed latency) or, one at a
+time, on the shared slots that are the floor of every source
+(``allocation.reserve``), within MAX_TASKS. Sources are taken in rotation, so
+shared slots go round.
+
+Many sources share a partition, so no source may hold it: a URL its source
+cannot take now is parked in Kafka and committed, never held here. A source
+whose queue is full (seconds of its rate), that is slow, paused or backed off,
+has its next URLs parked in a wait topic until the time its rate says they can
+go (``worker.waiting``); a temporarily halted source's wait a turn; a halted
+source's go to ``urls_halted`` until it resumes (``worker.halted_line``). What
+the worker holds is bounded by MAX_QUEUED_URLS: past it every partition is paused
+until half has gone.
 
 Offsets are committed per partition up to the lowest unfinished message,
-and a task finishes only after its outcome is acknowledged, so a crash
-re-delivers rather than loses (at-least-once).
+and a task (or a park) finishes only after its outcome is acknowledged, so a
+crash re-delivers rather than loses (at-least-once).
 """
 from __future__ import annotations
 
@@ -22,23 +29,24 @@ from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
 
 from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
-                              EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBE_FAILED, EVENT_WORKER_SUBSCRIBED)
-from common.contracts import (REJECTED_TOPIC, CrawlRequest, InvalidMessage, parse_crawl_request,
-                              rate_limit_key, rejected_message, source_of_topic, source_topic)
+                              EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED)
+from common.contracts import (ACTIVE_SOURCES, HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, CrawlRequest,
+                              InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
 from worker.allocation import reserve
-from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
-                              IDLE_REFRESH_INTERVAL, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
-                              POLL_BATCH, POLL_TIMEOUT, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
-                              REFRESH_INTERVAL, SUBSCRIBE_INTERVAL, SUBSCRIBE_MAX_WAIT, SUBSCRIBE_SETTLE)
+from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, DEMAND_INTERVAL,
+                              FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
+                              PARK_DEFAULT_SECONDS, POLL_BATCH, POLL_TIMEOUT, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
+                              QUEUE_UNRATED, REFRESH_INTERVAL)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
+from worker.waiting import wait_message
 
 Handle = Callable[[CrawlRequest], Awaitable[float]]
 
@@ -52,7 +60,8 @@ class Job:
 
 class Scheduler:
     def __init__(self, feed: Feed, redis: AsyncRedis, handle: Handle, producer: MessageProducer, tokens: TokenBuckets,
-                 rates: dict[str, float], max_tasks: int, shutdown_timeout: float):
+                 rates: dict[str, float], max_tasks: int, shutdown_timeout: float, max_queued: int = 10_000,
+                 clock: Callable[[], float] = time.time):
         self._feed = feed
         self._redis = redis
         self._handle = handle
@@ -61,127 +70,126 @@ class Scheduler:
         self.rates = rates  # shared with TokenBuckets, which paces its polls by them
         self._max_tasks = max_tasks
         self._shutdown_timeout = shutdown_timeout
+        self._max_queued = max_queued
+        self._clock = clock  # wall clock: a parked URL's not_before is read by other workers
 
         self._stopping = asyncio.Event()
-        self._sources: set[str] = set()
-        self._halted: set[str] = set()
+        self.halted: frozenset[str] = frozenset()       # halted: parked until resumed
+        self._temp_halted: frozenset[str] = frozenset()  # temp_halted: parked for a turn
         self._latency: dict[str, float] = {}
         self._reserved: dict[str, int] = {}
         self._pending: dict[str, deque[Job]] = {}  # insertion order is the rotation order
+        self._queued = 0                           # jobs in all the queues
         self._inflight: dict[str, int] = defaultdict(int)  # only sources with a task running
         self._total = 0
+        self._parking = 0                          # parks not yet acknowledged
         self._tasks: set[asyncio.Task] = set()
         self._offsets: dict[TP, PartitionOffsets] = {}
-        self._paused: set[TP] = set()
-        self._assigned: dict[TP, str] = {}  # owned partition -> its source (parsed once)
-        self._partitions_of: dict[str, set[TP]] = defaultdict(set)  # the same, by source
-        # Sources whose queue or halt changed since the pauses were last updated: only their
-        # partitions are looked at (issue 20: 10,000 partitions a poll was most of a poll's time).
-        self._flow_changed: set[str] = set()
+        self._assigned: set[TP] = set()
+        self._reading_paused = False               # every partition paused: MAX_QUEUED_URLS reached
+        self._park_at: dict[str, float] = {}       # source -> when its next parked URL may go (wall clock)
+        self._demand_told: dict[str, float] = {}   # source -> when active_sources last heard of it here
+        self._new_work: set[str] = set()           # sources queued since the last refresh
         self._next_refresh = 0.0
-        self._next_subscribe = 0.0
-        self._unsubscribed = 0          # sources seen but not yet subscribed to
-        self._first_unsubscribed = 0.0  # monotonic time the first of them was seen
-        self._last_unsubscribed = 0.0   # ... and the latest
+        self._last_refresh = 0.0
         self._next_commit = 0.0
+        self.parked = 0                            # URLs parked so far (bench and tests read it)
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
+        await self._feed.subscribe([URLS_TOPIC])
+        log_event(EVENT_WORKER_SUBSCRIBED, topics=[URLS_TOPIC])
         try:
             while not self._stopping.is_set():
                 await self._refresh_if_due()
                 batch = await self._feed.poll(POLL_BATCH, POLL_TIMEOUT)
-                self._rebalanced(batch.assigned, batch.revoked, batch.rebalance)
+                await self._rebalanced(batch.assigned, batch.revoked, batch.rebalance)
                 for record in batch.records:
                     self._accept(record)
                 self._reallocate()
                 self._dispatch()
-                await self._update_pauses()
+                await self._bound_reading()
                 if time.monotonic() >= self._next_commit:
                     await self._commit()
         finally:
             await self._drain()
 
-    # --- sources, halts and rates from Redis ----------------------------------
+    # --- halts, rates and demand, through Redis --------------------------------
     async def _refresh_if_due(self) -> None:
-        if time.monotonic() < self._next_refresh:
+        now_mono = time.monotonic()
+        # New sources' rates are read soon: until then their queue is QUEUE_UNRATED long.
+        new_source_due = self._new_work and now_mono >= self._last_refresh + NEW_SOURCE_REFRESH
+        if now_mono < self._next_refresh and not new_source_due:
             return
-        # Until there is a source, one cheap read 4 times a second: joining the consumer
-        # group takes seconds of its own, so every second spent not knowing adds to startup.
-        self._next_refresh = time.monotonic() + (REFRESH_INTERVAL if self._sources else IDLE_REFRESH_INTERVAL)
+        self._last_refresh = now_mono
+        self._next_refresh = now_mono + REFRESH_INTERVAL
+        working = set(self._pending) | set(self._inflight)
+        names = sorted(working)
+        now = self._clock()
+        told = {s: now for s in self._new_work if now - self._demand_told.get(s, 0.0) >= DEMAND_INTERVAL}
         try:
             sets = await read_source_sets(self._redis)
-            names = sorted(sets.inbound)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
+            if told:
+                # The regulator grants tokens to the sources active lately: these have work here.
+                await self._redis.zadd(ACTIVE_SOURCES, told, gt=True)
         except Exception as exc:  # noqa: BLE001 - Redis away (any client error): keep the last known state
             log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
             return
-        self._flow_changed |= self._halted ^ set(sets.stopped)
-        self._halted = set(sets.stopped)
-        self._tokens.halt(self._halted)
-        # A rate or a source missing from Redis (restarted empty, say) keeps its last known
-        # value: forgetting the rate would stop the pacing, forgetting the source its topic.
+        self._new_work.clear()
+        self._demand_told.update(told)
+        if len(self._demand_told) > 2 * len(working) + FORGET_ABOVE:  # only recent ones matter
+            self._demand_told = {s: t for s, t in self._demand_told.items() if now - t < DEMAND_INTERVAL}
+        self.halted, self._temp_halted = sets.halted, sets.temp_halted
+        self._tokens.halt(set(sets.stopped))
+        # A rate missing from Redis (restarted empty, say) keeps its last known value:
+        # forgetting it would stop the pacing. Sources with no work here are forgotten.
         parsed = {source: _as_rate(raw) for source, raw in zip(names, rates, strict=True)}
         self.rates.update({source: rate for source, rate in parsed.items() if rate is not None})
-        named = set(names)
-        if self._subscription_due(named):
-            known = self._sources | named
-            # The change revokes every partition (an eager rebalance): what finished is
-            # committed first, so only the URLs in flight are read again.
-            await self._commit()
-            try:
-                await self._feed.subscribe([source_topic(s) for s in sorted(known)])
-            except Exception as exc:  # noqa: BLE001 - e.g. a name Kafka rejects: retried at the next refresh
-                log_event(EVENT_WORKER_SUBSCRIBE_FAILED, error=repr(exc)[:300])
-                return
-            self._sources = known
-            self._next_subscribe = time.monotonic() + SUBSCRIBE_INTERVAL
-            self._unsubscribed = 0
-            log_event(EVENT_WORKER_SUBSCRIBED, sources=len(known))
+        if len(self.rates) > 2 * len(working) + FORGET_ABOVE:  # a worker meets millions of sources
+            kept = {s: r for s, r in self.rates.items() if s in working}
+            self.rates.clear()
+            self.rates.update(kept)
+            self._latency = {s: v for s, v in self._latency.items() if s in working}
+            self._park_at = {s: t for s, t in self._park_at.items() if t > now}
+            self._tokens.forget(working)
+        for source in sets.stopped & working:
+            if source in self._pending:  # its queue goes to wait: the slots go to the others
+                jobs = self._pending.pop(source)
+                self._queued -= len(jobs)
+                for job in jobs:
+                    self._park(job, source)
+        for source in parsed.keys() & self._pending.keys():
+            self._trim(source)
 
-    def _subscription_due(self, names: set[str]) -> bool:
-        """Whether to subscribe to the new sources among ``names`` now.
-
-        The first sources at once; then new ones together, once none has appeared for
-        SUBSCRIBE_SETTLE (or SUBSCRIBE_MAX_WAIT after the first), and at most once per
-        SUBSCRIBE_INTERVAL: each change is a rebalance of the whole group, and sources that
-        trickle in would make one every refresh (issue 20).
-        """
-        new = len(names - self._sources)
-        now = time.monotonic()
-        if not new:
-            self._unsubscribed = 0
-            return False
-        if not self._sources:
-            return True
-        if not self._unsubscribed:
-            self._first_unsubscribed = now
-        if new != self._unsubscribed:
-            self._unsubscribed, self._last_unsubscribed = new, now
-        settled = (now - self._last_unsubscribed >= SUBSCRIBE_SETTLE
-                   or now - self._first_unsubscribed >= SUBSCRIBE_MAX_WAIT)
-        return settled and now >= self._next_subscribe
+    def _trim(self, source: str) -> None:
+        """Park what a queue holds beyond twice its limit: URLs queued before the source's rate
+        was known (QUEUE_UNRATED), or before it was backed off, would hold its partition's
+        commit for as long as they take at its rate."""
+        queue, limit = self._pending[source], self._queue_limit(source)
+        if len(queue) > 2 * limit:
+            extra = [queue.pop() for _ in range(len(queue) - limit)]
+            self._queued -= len(extra)
+            for job in reversed(extra):
+                self._park(job, source)
 
     # --- partitions and messages ----------------------------------------------
-    def _rebalanced(self, assigned: list[TP], revoked: list[TP], timing: dict[str, float]) -> None:
+    async def _rebalanced(self, assigned: list[TP], revoked: list[TP], timing: dict[str, float]) -> None:
+        revoked_set = set(revoked)
         for tp in revoked:
-            # Another worker owns it now: forget its queue; running tasks finish uncommitted.
-            source = self._assigned.pop(tp, None) or source_of_topic(tp[0])
-            self._partitions_of[source].discard(tp)
-            if not self._partitions_of[source]:
-                del self._partitions_of[source]
-            self._paused.discard(tp)
+            # Another worker owns it now: forget its queued URLs; running tasks finish uncommitted.
+            self._assigned.discard(tp)
             self._offsets.pop(tp, None)
-            if source in self._pending:
-                kept = deque(job for job in self._pending[source] if job.tp != tp)
+        if revoked_set:
+            for source in list(self._pending):
+                kept = deque(job for job in self._pending[source] if job.tp not in revoked_set)
+                self._queued -= len(self._pending[source]) - len(kept)
                 self._set_pending(source, kept)
-        for tp in assigned:
-            source = self._assigned[tp] = source_of_topic(tp[0])
-            self._partitions_of[source].add(tp)
-            self._flow_changed.add(source)
-            self._paused.discard(tp)
+        self._assigned.update(assigned)
+        if assigned and self._reading_paused:
+            await self._feed.pause(assigned)  # the feed starts them unpaused
         if assigned or revoked:
             log_event(EVENT_WORKER_PARTITIONS, assigned=len(assigned), revoked=len(revoked),
                       now_owned=len(self._assigned), **timing)
@@ -197,31 +205,69 @@ class Scheduler:
         except InvalidMessage as exc:
             self._spawn(Job(tp, record.offset, None), None, self._reject(record, str(exc)))
             return
-        source = source_of_topic(record.topic)
-        self._pending.setdefault(source, deque()).append(Job(tp, record.offset, request))
-        self._flow_changed.add(source)
+        job = Job(tp, record.offset, request)
+        source = request.source
+        queue = self._pending.get(source)
+        if source in self.halted or source in self._temp_halted or (
+                queue is not None and len(queue) >= self._queue_limit(source)):
+            self._park(job, source)
+            return
+        if queue is None:
+            queue = self._pending[source] = deque()
+            self._new_work.add(source)
+        queue.append(job)
+        self._queued += 1
 
     async def _reject(self, record: Record, error: str) -> float:
         message = rejected_message(record.topic, record.value, error)
         await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
         return 0.0
 
+    def _park(self, job: Job, source: str) -> None:
+        """Send the URL to wait in Kafka; its offset finishes once the broker has it.
+
+        A halted source's URLs wait in ``urls_halted`` for its resume. The others wait in a
+        wait topic until their source can take them: a source's parked URLs are spaced
+        1/rate apart from the end of its queue, so each comes back about when its turn
+        comes (a paused, temporarily halted or unrated source's after PARK_DEFAULT_SECONDS).
+        """
+        assert job.request is not None
+        self.parked += 1
+        if source in self.halted:
+            topic, value = HALTED_URLS_TOPIC, job.request.to_json()
+        else:
+            now = self._clock()
+            rate = self.rates.get(source, 0.0)
+            if rate <= 0 or source in self._temp_halted:
+                not_before = now + PARK_DEFAULT_SECONDS
+            else:
+                ahead = len(self._pending.get(source, ())) / rate
+                not_before = max(self._park_at.get(source, 0.0), now + ahead) + 1.0 / rate
+                self._park_at[source] = not_before
+            topic, value = wait_message(job.request, not_before, now)
+        self._parking += 1
+        self._spawn(job, None, self._send_parked(topic, value, source))
+
+    async def _send_parked(self, topic: str, value: bytes, source: str) -> float:
+        try:
+            await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, source))
+        finally:
+            self._parking -= 1
+        return 0.0
+
     # --- concurrency ----------------------------------------------------------
     def _reallocate(self) -> None:
-        active = (set(self._pending) | set(self._inflight)) - self._halted
+        active = set(self._pending) | set(self._inflight)
         needs = {s: self.rates.get(s, 0.0) * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM
                  for s in active}
-        reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
-        self._flow_changed.update(s for s in reserved.keys() | self._reserved.keys()
-                                  if reserved.get(s) != self._reserved.get(s))
-        self._reserved = reserved
+        self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
 
     def _dispatch(self) -> None:
         """Start what the slots allow, one task per source per round, sources in rotation.
 
         Called whenever a task ends, so it is kept cheap: after the first round
         only the sources that started one go round again, since nothing that
-        stopped a source (its slots, the shared ones, a halt) loosens meanwhile.
+        stopped a source (its slots, the shared ones) loosens meanwhile.
         """
         if self._stopping.is_set():
             return
@@ -236,14 +282,13 @@ class Scheduler:
                 if self._total >= self._max_tasks:
                     return
                 running = inflight.get(source, 0)
-                if source in self._halted:
-                    continue
                 if running >= reserved.get(source, 0):  # beyond its reservation: the floor, shared
                     if running >= MIN_TASKS_PER_SOURCE or shared_free <= 0:
                         continue
                     shared_free -= 1
                 queue = self._pending.pop(source)  # re-inserted last: the rotation
                 job = queue.popleft()
+                self._queued -= 1
                 self._set_pending(source, queue)
                 assert job.request is not None  # a message to reject never waits in a queue
                 self._spawn(job, source, self._crawl(source, job.request))
@@ -271,10 +316,9 @@ class Scheduler:
             if offsets is not None:
                 offsets.finish(job.offset)
         except SourceHalted:
-            # Halted while waiting for a token: give the slot back, keep the URL for later.
+            # Halted while waiting for a token: nothing was sent; the URL waits in Kafka.
             if job.tp in self._offsets and source is not None:
-                self._pending.setdefault(source, deque()).appendleft(job)
-                self._flow_changed.add(source)
+                self._park(job, source)
         except ShuttingDown:
             pass  # nothing sent: the message stays uncommitted for the next owner
         except Exception as exc:  # noqa: BLE001 - a bug: keep the offset unfinished rather than lose the URL
@@ -290,33 +334,30 @@ class Scheduler:
                 self._dispatch()
 
     def _set_pending(self, source: str, queue: deque[Job]) -> None:
-        self._flow_changed.add(source)
         if queue:
             self._pending[source] = queue
         else:
             self._pending.pop(source, None)
 
     # --- flow control and commits -----------------------------------------------
-    async def _update_pauses(self) -> None:
-        to_pause, to_resume = [], []
-        changed, self._flow_changed = self._flow_changed, set()
-        for source in changed:
-            high = self._queue_limit(source)
-            queued = len(self._pending.get(source, ()))
-            for tp in self._partitions_of.get(source, ()):
-                if tp not in self._paused and (source in self._halted or queued >= high):
-                    to_pause.append(tp)
-                elif tp in self._paused and source not in self._halted and queued <= high // 2:
-                    to_resume.append(tp)
-        await self._feed.pause(to_pause)
-        await self._feed.resume(to_resume)
-        self._paused.update(to_pause)
-        self._paused.difference_update(to_resume)
+    async def _bound_reading(self) -> None:
+        """Pause every partition while MAX_QUEUED_URLS are held here (queued or being parked),
+        resume at half: the bound on the worker's memory, whatever the number of sources."""
+        held = self._queued + self._parking
+        if not self._reading_paused and held >= self._max_queued:
+            self._reading_paused = True
+            await self._feed.pause(sorted(self._assigned))
+        elif self._reading_paused and held <= self._max_queued // 2:
+            self._reading_paused = False
+            await self._feed.resume(sorted(self._assigned))
 
     def _queue_limit(self, source: str) -> int:
-        """URLs of ``source`` to hold here before its partitions are paused (constants.QUEUE_SECONDS)."""
+        """URLs of ``source`` to queue here before the next are parked (constants.QUEUE_SECONDS)."""
+        rate = self.rates.get(source)
+        if rate is None:  # not read yet (a refresh every REFRESH_INTERVAL): no reason to park yet
+            return QUEUE_UNRATED
         by_slots = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
-        by_rate = int(self.rates.get(source, 0.0) * QUEUE_SECONDS)
+        by_rate = int(rate * QUEUE_SECONDS)
         return min(max(by_slots, by_rate), QUEUE_MAX_PER_SOURCE)
 
     async def _commit(self) -> None:

@@ -4,7 +4,7 @@ Outcomes: a quality message (plus the EXIF message and the thumbnail) on
 success; ``link_rot`` for 404 and 410; a retry through ``inbound_images``
 for transient failures while attempts remain; ``crawl_errors`` for every
 other end. A URL whose host's robots.txt cannot be had is no outcome yet: it
-waits in a wait topic (``worker.robots_wait``) and comes back, up to
+waits in a wait topic (``worker.waiting``) and comes back, up to
 ``ROBOTS_UNAVAILABLE_GIVE_UP`` after it first found robots.txt unavailable.
 ``process`` returns only once its outcome (or its wait) is acknowledged, so
 the scheduler can commit the message's offset.
@@ -38,7 +38,7 @@ from worker.thumbnails import ThumbnailStore
 from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.robots import product_token
 from worker.politeness.robots_tag import applicable_directives, forbids_thumbnail
-from worker.robots_wait import wait_message
+from worker.waiting import wait_message
 from worker.stats import Stats
 
 T = TypeVar("T")

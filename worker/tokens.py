@@ -277,6 +277,17 @@ class TokenBuckets:
         interval = TOKEN_POLL_MAX if rate <= 0 else min(TOKEN_POLL_MAX, max(TOKEN_POLL_MIN, 0.2 / rate))
         return interval * random.uniform(0.8, 1.2)  # workers sharing a source spread their polls
 
+    def forget(self, keep: set[str]) -> None:
+        """Drop the state of sources other than ``keep`` (the scheduler's sources with work):
+        a worker meets millions of sources over a crawl, a few thousand at a time (issue 26).
+        A source waiting for its turn or holding its lock is kept."""
+        now = time.monotonic()
+        for source in [s for s in self._locks if s not in keep and not self._locks[s].locked()]:
+            del self._locks[source]
+        self._next_send = {s: t for s, t in self._next_send.items() if s in keep or t > now}
+        self._last_rate = {s: r for s, r in self._last_rate.items() if s in keep or s in self._locks}
+        self._stocked &= keep
+
     def halt(self, sources: set[str]) -> None:
         """The sources whose waiting tasks should give up (``halted`` and ``temp_halted``)."""
         self._halted = sources

@@ -1,29 +1,25 @@
-"""The wait line: hands URLs waiting for robots.txt back to their source topic once due
-(see ``worker.robots_wait``, which writes them)."""
+"""The wait line: hands waiting URLs back to ``urls`` once due (see ``worker.waiting``,
+which writes them)."""
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from common.contracts import (REJECTED_TOPIC, ROBOTS_WAIT_TOPICS, InvalidMessage, parse_crawl_request,
-                              rejected_message, source_topic)
+from common.contracts import (REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMessage, parse_crawl_request,
+                              rejected_message)
 from common.protocols import MessageProducer
-from worker.constants import POLL_BATCH, ROBOTS_WAIT_POLL_SECONDS
+from worker.constants import POLL_BATCH, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
-from worker.robots_wait import wait_message, wait_times
+from worker.waiting import wait_message, wait_times
 from worker.task import persist
 
 
-class RobotsWaitLine:
-    def __init__(self, feed: Feed, producer: MessageProducer,
-                 create_topics: Callable[[], Awaitable[None]] | None = None,
-                 clock: Callable[[], float] = time.time):
-        """``create_topics``: makes sure the wait topics exist (retried until it succeeds)."""
+class WaitLine:
+    def __init__(self, feed: Feed, producer: MessageProducer, clock: Callable[[], float] = time.time):
         self._feed = feed
         self._producer = producer
-        self._create_topics = create_topics
         self._clock = clock
         self._held: dict[TP, deque[Record]] = {}
         self._paused: set[TP] = set()
@@ -33,11 +29,9 @@ class RobotsWaitLine:
         self._stopping.set()
 
     async def run(self) -> None:
-        if self._create_topics is not None:
-            await persist("kafka_create_topics", self._create_topics)
-        await self._feed.subscribe(list(ROBOTS_WAIT_TOPICS))
+        await self._feed.subscribe(list(WAIT_TOPICS))
         while not self._stopping.is_set():
-            batch = await self._feed.poll(POLL_BATCH, ROBOTS_WAIT_POLL_SECONDS)
+            batch = await self._feed.poll(POLL_BATCH, WAIT_POLL_SECONDS)
             for tp in batch.revoked:  # another worker's now: it reads them again from the commit
                 self._held.pop(tp, None)
                 self._paused.discard(tp)
@@ -73,8 +67,9 @@ class RobotsWaitLine:
             await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
             return
         not_before = wait_times(record.value)[1]
+        key = None
         if not_before > now:
             topic, value = wait_message(request, not_before, now)
-        else:
-            topic, value = source_topic(request.source), request.to_json()
-        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value))
+        else:  # keyed by source: the partitioner keeps a source's hand-backs together
+            topic, value, key = URLS_TOPIC, request.to_json(), request.source
+        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, key))
