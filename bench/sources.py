@@ -57,8 +57,8 @@ from bench.site_process import serve_until_stopped
 from common.contracts import (EVENT_INFRA_RETRY, EVENT_KAFKA_CLIENT_ERROR, EVENT_MONITOR_COMPONENT_ERROR,
                               EVENT_WORKER_PARTITIONS, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED,
                               EVENT_WORKER_TOKENS_FORFEITED)
-from common.contracts import (EVENT_MONITORING_UPDATE, INBOUND_TOPIC, NUM_RESIZED, RESIZE_ERRORS, ROBOTS_WAIT_TOPICS,
-                              SOURCE_TOPIC_PREFIX, override_rate_key)
+from common.contracts import (EVENT_MONITORING_UPDATE, HALTED_URLS_TOPIC, INBOUND_TOPIC, NUM_RESIZED, RESIZE_ERRORS,
+                              URLS_TOPIC, WAIT_TOPICS, override_rate_key)
 from common.kafka import produce_waiting, producer_config
 from demo.cluster import Cluster
 from demo.crawl import crawler_env
@@ -68,6 +68,7 @@ from devstack.stack import LocalStack
 ROOT = Path(__file__).resolve().parent.parent
 FAST, FAST_RATE, FAST_URLS = "fast", 100.0, 9_000
 SLOW_RATE, SLOW_URLS, SLOW_URLS_CAP = 0.5, 4, 20_000
+INTERNAL_TOPICS = (INBOUND_TOPIC, URLS_TOPIC, *WAIT_TOPICS, HALTED_URLS_TOPIC)
 DEADLINE, DEADLINE_PACE = 300.0, 100.0  # s after the URLs are produced; URLs a second, for bigger runs
 LATENCY = 0.2
 SHARE_WINDOW = (10.0, 70.0)  # seconds after the fast source's first request
@@ -185,11 +186,7 @@ def slow_urls_each(sources: int, asked: int | None) -> int:
 
 def internal_topic_group(topic: str) -> str | None:
     """Which of the crawler's internal topics ``topic`` is (None: an output or the broker's own)."""
-    if topic == INBOUND_TOPIC or topic in ROBOTS_WAIT_TOPICS:
-        return topic
-    if topic.startswith(SOURCE_TOPIC_PREFIX):
-        return SOURCE_TOPIC_PREFIX + "*"
-    return None
+    return topic if topic in INTERNAL_TOPICS else None
 
 
 def server_pids(stack: LocalStack) -> dict[str, int]:
@@ -229,8 +226,9 @@ def run(args: argparse.Namespace, sources: int) -> dict[str, float]:
         rates_started = time.monotonic()
         set_rates(client, rates)
         print(f"rates of {len(rates)} sources set in {time.monotonic() - rates_started:.1f} s", flush=True)
+        partitions_setting = {"URL_PARTITIONS": str(args.partitions)} if args.partitions else {}
         env = {**crawler_env(stack.environment(), folder / "sources.json", CRAWL_PER_HOST_CONNECTIONS="1000",
-                            KAFKA_PARTITIONS=str(args.partitions), MAX_TASKS=str(args.max_tasks)),
+                             MAX_TASKS=str(args.max_tasks), **partitions_setting),
                "PYTHONPATH": str(ROOT)}
         cluster = Cluster(env, folder)
         cluster.start(args.workers)
@@ -282,8 +280,8 @@ def run(args: argparse.Namespace, sources: int) -> dict[str, float]:
             fast_times.append(at)
     distinct = len({(source, name) for source, _at, name in arrivals})
     figures: dict[str, float] = {"sources": sources, "urls": total}
-    print(f"\n{sources} slow sources + 1 fast, {args.workers} workers, {args.partitions} partitions a topic; "
-          f"logs in {folder}")
+    print(f"\n{sources} slow sources x {urls_each} + 1 fast, {args.workers} workers, URL_PARTITIONS "
+          f"{args.partitions or 'default'}; logs in {folder}")
     print(f"load average at the end: {os.getloadavg()}")
     if first:
         figures["first_request"] = min(first.values()) - produced
@@ -369,7 +367,7 @@ def main() -> None:
                         help=f"URLs of each slow source (default {SLOW_URLS}, fewer past "
                              f"{SLOW_URLS_CAP // SLOW_URLS:,} sources: {SLOW_URLS_CAP:,} in all, at least 1 each)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--partitions", type=int, default=4, help="KAFKA_PARTITIONS: of each urls.{source} topic")
+    parser.add_argument("--partitions", type=int, help="URL_PARTITIONS: of the urls topic (default: the setting's)")
     parser.add_argument("--max-tasks", type=int, default=500,
                         help="MAX_TASKS of each worker (the default setting: 500)")
     parser.add_argument("--deadline", type=float,
