@@ -62,7 +62,6 @@ from common.contracts import (EVENT_MONITORING_UPDATE, HALTED_URLS_TOPIC, INBOUN
 from common.kafka import produce_waiting, producer_config
 from demo.cluster import Cluster
 from demo.crawl import crawler_env
-from devstack.servers import free_port
 from devstack.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,8 +75,10 @@ EVENTS_COUNTED = {EVENT_INFRA_RETRY, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_S
                   EVENT_MONITOR_COMPONENT_ERROR, EVENT_KAFKA_CLIENT_ERROR, EVENT_WORKER_TOKENS_FORFEITED}
 
 
-def serve(port: int, log_path: str) -> None:
-    """The site: ``/img/{source}/{n}.jpg`` answered after LATENCY s; (source, time) logged on SIGTERM."""
+def serve(log_path: str) -> None:
+    """The site: ``/img/{source}/{n}.jpg`` answered after LATENCY s; (source, time) logged on SIGTERM.
+    It binds a port of the kernel's choice and writes it to ``{log_path}.port`` before it says it
+    is ready: a port picked free beforehand can be taken by the stack's servers in between."""
     from aiohttp import web
     from PIL import Image
 
@@ -100,7 +101,8 @@ def serve(port: int, log_path: str) -> None:
         app.router.add_get("/distinct", distinct_count)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+        await web.TCPSite(runner, "127.0.0.1", 0, backlog=4096).start()
+        Path(log_path + ".port").write_text(str(runner.addresses[0][1]))
         await serve_until_stopped(runner, log_path, arrivals)
 
     asyncio.run(main())
@@ -209,19 +211,20 @@ def run(args: argparse.Namespace, sources: int) -> dict[str, float]:
     total_planned = sum(plan.values())
     deadline_seconds = args.deadline or max(DEADLINE, total_planned / DEADLINE_PACE)
     folder = Path(tempfile.mkdtemp(prefix=f"bench-sources-{sources}-"))
-    port, log_path = free_port(), str(folder / "arrivals.json")
+    log_path = str(folder / "arrivals.json")
     print(f"\n=== {sources} slow sources x {urls_each} URLs + 1 fast x {FAST_URLS}; logs in {folder}", flush=True)
     # Every rate is an override; the list names one source only so that it loads.
     (folder / "sources.json").write_text(json.dumps([{"source_name": FAST, "image_count": 5_000}]))
     local = LocalStack(folder / "stack")
     with local as stack:
         redis_port = int(stack.redis_url.rsplit(":", 1)[1].split("/")[0])
-        site = subprocess.Popen([sys.executable, "-c", f"from bench.sources import serve; serve({port}, {log_path!r})"],
+        site = subprocess.Popen([sys.executable, "-c", f"from bench.sources import serve; serve({log_path!r})"],
                                 cwd=ROOT)
         while not Path(log_path + ".ready").exists():
             if site.poll() is not None:
                 raise SystemExit("the site did not start")
             time.sleep(0.1)
+        port = int(Path(log_path + ".port").read_text())
         client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
         rates_started = time.monotonic()
         set_rates(client, rates)
