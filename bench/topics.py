@@ -1,11 +1,12 @@
 """What one topic per source costs the broker: ``python -m bench.topics --sources N``.
 
+The study behind issue 26's keyed ``urls`` topic, kept to re-measure the old layout.
 On the local stack's in-memory tansu: the time to create N ``urls.*`` topics of
-KAFKA_PARTITIONS partitions (500 per request, as the splitter does), to read the
+``--partitions`` partitions (500 per request, as issue 20's splitter did), to read the
 metadata of them all, to produce one message to each, and for one consumer
 subscribed to all of them to be assigned its partitions and read the N
 messages; then the same N messages through one topic of 64 partitions (the
-alternative layout: sources hashed to partitions). Prints seconds per step.
+layout the crawler uses since issue 26: sources hashed to partitions). Prints seconds per step.
 """
 from __future__ import annotations
 
