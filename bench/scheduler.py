@@ -4,7 +4,7 @@ One source limited to 100 req/s and 100 sources at 0.5 req/s (150 req/s in
 all), each on its own local site (a port of 127.0.0.1) answering a small
 JPEG after 200 ms. The local stack, the monitor's rate-limit regulator
 (token refills once a second) and one ``python -m worker`` run for real;
-URLs go straight to their sources' partitions of ``urls``, as the splitter places them. The sites' own arrival
+URLs go straight to the ``urls.{source}`` topics. The sites' own arrival
 times are the evidence: the achieved total rate should be >= 95% of 150
 req/s, and no site seeing more than floor(limit) + 1 requests of its source in any
 sliding second.
@@ -33,13 +33,12 @@ from confluent_kafka import Producer
 
 from bench.site_process import serve_until_stopped
 from bench.cpu import stat_cpu
-from common.contracts import INBOUND_SOURCES, URLS_TOPIC, override_rate_key, url_partition, url_shards
+from common.contracts import INBOUND_SOURCES, URLS_TOPIC, override_rate_key
 from common.kafka import ensure_topics, produce_waiting, producer_config
-from common.settings import Settings
 from crawl_monitor.regulator import Regulator
 from common.contracts import allowed_per_second
 from demo.simweb import busiest_second
-from devstack.servers import free_port
+from devstack.servers import DEV_URL_PARTITIONS, free_port
 from devstack.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +46,6 @@ FAST, SLOW = ("fast", 100.0), 0.5
 SLOW_SOURCES = [f"slow{i:03d}" for i in range(100)]
 LATENCY = 0.2
 WARMUP = 20.0
-URL_PARTITIONS = Settings().url_partitions  # the setting's default: what the worker would create
 
 
 def serve(ports_path: str, log_path: str) -> None:
@@ -106,14 +104,11 @@ def load(kafka_hosts: str, ports: dict[str, int], seconds: float) -> int:
     total = 0
     plan = {FAST[0]: int(FAST[1] * (seconds + WARMUP) * 1.3)} | {s: int(SLOW * (seconds + WARMUP) * 1.5) + 2
                                                                  for s in SLOW_SOURCES}
-    rates = {FAST[0]: FAST[1]} | dict.fromkeys(SLOW_SOURCES, SLOW)
     for source, count in plan.items():
         for n in range(count):
-            identifier = str(uuid.uuid4())
             value = json.dumps({"url": f"http://127.0.0.1:{ports[source]}/img/{n}.jpg",
-                                "uuid": identifier, "source": source}).encode()
-            partition = url_partition(source, identifier, url_shards(rates[source]), URL_PARTITIONS)
-            produce_waiting(producer, URLS_TOPIC, value, key=source.encode(), partition=partition)
+                                "uuid": str(uuid.uuid4()), "source": source}).encode()
+            produce_waiting(producer, URLS_TOPIC, value, source)
             total += 1
     assert producer.flush(120) == 0
     return total
@@ -158,7 +153,7 @@ async def run(args: argparse.Namespace) -> None:
         for source, rate in sources.items():
             await redis.set(override_rate_key(source), rate)
         await redis.aclose()
-        ensure_topics(stack.kafka_hosts, [URLS_TOPIC], URL_PARTITIONS)
+        ensure_topics(stack.kafka_hosts, [URLS_TOPIC], DEV_URL_PARTITIONS)
         messages = load(stack.kafka_hosts, ports, args.seconds)
         stop = asyncio.Event()
         regulator = asyncio.create_task(regulate(stack.redis_url, stop))

@@ -1,8 +1,8 @@
 """Splitter throughput: ``python -m bench.splitter [N] [SOURCES]`` (defaults 200,000 and 20).
 
 Starts the local stack, loads N inbound messages spread over SOURCES
-sources, then runs the real splitter (validation, each URL to its source's
-partitions of ``urls``, acknowledged produce, Redis counters, commit) until
+sources, then runs the real splitter (validation, one topic per source
+created on first sight, acknowledged produce, Redis counters, commit) until
 every message is split, and prints one JSON line with messages/s. The
 consumer group join is excluded from the steady-state figure. Run it on a
 quiet machine: the load average is printed alongside, because the number
@@ -23,7 +23,6 @@ from common import contracts
 from common.kafka import ensure_topics, produce_waiting, producer_config
 from common.settings import Settings
 from crawl_monitor import splitter
-from crawl_monitor.constants import INBOUND_PARTITIONS
 from devstack.stack import LocalStack
 
 
@@ -44,7 +43,7 @@ def main() -> None:
     sources = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     with LocalStack() as addresses:
         settings = Settings(redis_url=addresses.redis_url, kafka_hosts=addresses.kafka_hosts)
-        ensure_topics(settings.kafka_hosts, [contracts.INBOUND_TOPIC], INBOUND_PARTITIONS)
+        ensure_topics(settings.kafka_hosts, [contracts.INBOUND_TOPIC], 4)
         load_rate = load(settings.kafka_hosts, count, sources)
         load_before = os.getloadavg()[0]
         split = splitter.connect(settings)

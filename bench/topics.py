@@ -1,12 +1,12 @@
 """What one topic per source costs the broker: ``python -m bench.topics --sources N``.
 
-The study behind issue 26's keyed ``urls`` topic, kept to re-measure the old layout.
-On the local stack's in-memory tansu: the time to create N ``urls.*`` topics of
-``--partitions`` partitions (500 per request, as issue 20's splitter did), to read the
+The measurement behind issue 26, which replaced the per-source topics with one keyed
+``urls`` topic; kept to re-measure that choice. On the local stack's in-memory tansu:
+the time to create N ``urls.*`` topics of 4 partitions (500 per request, as the splitter does), to read the
 metadata of them all, to produce one message to each, and for one consumer
 subscribed to all of them to be assigned its partitions and read the N
 messages; then the same N messages through one topic of 64 partitions (the
-layout the crawler uses since issue 26: sources hashed to partitions). Prints seconds per step.
+alternative layout: sources hashed to partitions). Prints seconds per step.
 """
 from __future__ import annotations
 

@@ -142,21 +142,27 @@ class AsyncProducer:
         while not self._stopping.is_set():
             self._producer.poll(0.1)
 
-    async def send(self, topic: str, value: bytes, key: bytes | str | None = None) -> None:
+    async def send(self, topic: str, value: bytes, key: bytes | str | None = None,
+                   partition: int | None = None) -> None:
+        """``partition`` None: the partitioner places the message by its key."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
 
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
             loop.call_soon_threadsafe(_resolve, future, err)
 
-        await self._produce(topic, value, key, on_delivery)
+        await self._produce(topic, value, key, on_delivery, partition)
         await future
 
-    async def _produce(self, topic: str, value: bytes, key: Any, on_delivery: Callable) -> None:
+    async def _produce(self, topic: str, value: bytes, key: Any, on_delivery: Callable,
+                       partition: int | None = None) -> None:
         # produce() only enqueues; a full queue raises BufferError, which we wait out.
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                if partition is None:
+                    self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                else:
+                    self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery, partition=partition)
                 return
             except BufferError:
                 await asyncio.sleep(0.05)

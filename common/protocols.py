@@ -43,4 +43,5 @@ class MessageProducer(Protocol):
     """Sends a message and returns once the broker has acknowledged it
     (``common.kafka.AsyncProducer``)."""
 
-    async def send(self, topic: str, value: bytes, key: bytes | str | None = None) -> None: ...
+    async def send(self, topic: str, value: bytes, key: bytes | str | None = None,
+                   partition: int | None = None) -> None: ...

@@ -19,6 +19,16 @@ class SourceSets:
         return self.halted | self.temp_halted
 
 
+async def read_halts(redis: Any) -> SourceSets:
+    """``halted`` and ``temp_halted`` alone (``inbound`` left empty): what a worker needs every
+    few seconds, without ``inbound_sources``, which holds every source ever split (millions)."""
+    pipe = redis.pipeline(transaction=False)
+    for key in (HALTED, TEMP_HALTED):
+        pipe.smembers(key)
+    halted, temp_halted = (frozenset(as_text(m) for m in reply) for reply in await pipe.execute())
+    return SourceSets(frozenset(), halted, temp_halted)
+
+
 async def read_source_sets(redis: Any) -> SourceSets:
     """``inbound_sources``, ``halted`` and ``temp_halted`` as text, in one pipeline."""
     pipe = redis.pipeline(transaction=False)

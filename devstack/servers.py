@@ -187,7 +187,10 @@ def s3_server(data_dir: Path, port: int | None = None, bucket: str | None = None
 
 
 # Workers on tansu 0.6 stop without a LeaveGroup (common.kafka.AsyncConsumer.close says why).
-TANSU_WORKER_ENV = {"KAFKA_LEAVE_GROUP": "false"}
+# A dev box runs a few workers: 32 partitions of urls are plenty, and cheaper for one broker
+# than the production default (README, "Sizing urls").
+DEV_URL_PARTITIONS = 32
+TANSU_WORKER_ENV = {"KAFKA_LEAVE_GROUP": "false", "URL_PARTITIONS": str(DEV_URL_PARTITIONS)}
 
 TANSU_BUCKET = "tansu"
 DEV_CREDENTIALS = {"aws_access_key_id": "devstack", "aws_secret_access_key": "devstack",

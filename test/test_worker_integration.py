@@ -27,9 +27,8 @@ from PIL import Image
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_SOURCES, INBOUND_TOPIC, LINK_ROT_TOPIC,
                               METADATA_TOPIC, errors_key, last_50_key, rate_limit_key, resized_key,
                               source_requests_key, tokens_key, URLS_TOPIC)
-from common.settings import Settings
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, ensure_topics, producer_config
-from devstack.servers import DEV_CREDENTIALS
+from devstack.servers import DEV_CREDENTIALS, DEV_URL_PARTITIONS
 from test.conftest import BUCKET
 from test.worker_fakes import exif_jpeg, image_bytes
 
@@ -119,7 +118,7 @@ async def monitor_stand_in(redis_client, source: str, rate: int):
 def ensure_crawl_topics(kafka_hosts: str) -> None:
     """The topics a worker reads and writes, as the monitor and the workers create them."""
     ensure_topics(kafka_hosts, OUTCOME_TOPICS, 4)
-    ensure_topics(kafka_hosts, [URLS_TOPIC], Settings().url_partitions)
+    ensure_topics(kafka_hosts, [URLS_TOPIC], DEV_URL_PARTITIONS)
 
 
 async def produce(kafka_hosts: str, source: str, messages: list[dict]) -> None:

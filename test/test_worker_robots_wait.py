@@ -12,7 +12,7 @@ from test.test_worker_task import SETTINGS, SOURCE, Run
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker.feed import Record
 from worker.fetch import FetchError
-from worker.waiting import wait_message, wait_times
+from worker.waiting import hand_back, wait_message, wait_times
 from worker.wait_line import WaitLine
 
 
@@ -86,3 +86,15 @@ async def test_the_line_hands_back_what_is_due_and_holds_the_rest_uncommitted():
     line.stop()
     await asyncio.wait_for(running, 5)
     assert producer.on("rejected_messages")[0]["raw"] == "not json"
+
+
+def test_a_parked_url_goes_back_to_the_partition_it_came_from() -> None:
+    """So a fast source's parked URLs stay spread over its workers; a value out of range (a
+    hostile or older message, or a topic that has fewer partitions) goes back by key."""
+    request = CrawlRequest("http://h/x", "u", SOURCE)
+    _, value = wait_message(request, 100.0, 10.0, partition=5)
+    assert hand_back(value, 8) == {"partition": 5}
+    assert hand_back(value, 4) == {}
+    for hostile in (b'{"partition": -1}', b'{"partition": true}', b'{"partition": "3"}', b"[]", b"x", None):
+        assert hand_back(hostile, 8) == {}
+    assert parse_crawl_request(value) == request  # the extra key is no part of the request

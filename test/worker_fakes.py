@@ -162,7 +162,7 @@ class FakeProducer:
         self.sent: list[tuple[str, dict]] = []
         self._failures_left = fail_first
 
-    async def send(self, topic: str, value: bytes, key: Any = None) -> None:
+    async def send(self, topic: str, value: bytes, key: Any = None, partition: int | None = None) -> None:
         if self._failures_left > 0:
             self._failures_left -= 1
             raise RuntimeError("broker unavailable")

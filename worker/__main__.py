@@ -62,8 +62,9 @@ async def run(settings: Settings) -> None:
             # Every topic this worker reads, so that a worker started before the monitor subscribes
             # to topics that exist (librdkafka would look for a missing one again only minutes later).
             await persist("kafka_create_topics", lambda: asyncio.to_thread(_ensure_topics, settings))
-            lines: list[WaitLine | HaltedLine] = [WaitLine(KafkaFeed(wait_consumer), producer),
-                     HaltedLine(KafkaFeed(halted_consumer), producer, lambda: scheduler.halted)]
+            lines: list[WaitLine | HaltedLine] = [
+                WaitLine(KafkaFeed(wait_consumer), producer, settings.url_partitions),
+                HaltedLine(KafkaFeed(halted_consumer), producer, lambda: scheduler.halted, settings.url_partitions)]
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, scheduler.stop)

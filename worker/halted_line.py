@@ -4,7 +4,7 @@ A halted source's URLs are no outcome (SPEC.md §1), and they may not wait in
 ``urls`` either: they would hold back every other source of their partitions
 (issue 26). So the scheduler parks them here, and this line, one more consumer
 in each worker, reads the topic only when it may have something to hand back:
-when a source leaves the halted sets, when it is given partitions, and every
+when a source leaves ``halted``, when it is given partitions, and every
 HALTED_RESCAN_SECONDS. A scan reads each partition up to where its log ended
 when the scan began: URLs of sources no longer halted go back to ``urls``; the
 others are written again at the end of the topic, for the next scan. Each
@@ -25,6 +25,7 @@ from common.protocols import MessageProducer
 from worker.constants import HALTED_RESCAN_SECONDS, POLL_BATCH, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
 from worker.task import persist
+from worker.waiting import hand_back
 
 
 class HaltedFeed(Feed, Protocol):
@@ -34,12 +35,12 @@ class HaltedFeed(Feed, Protocol):
 
 class HaltedLine:
     def __init__(self, feed: HaltedFeed, producer: MessageProducer, halted: Callable[[], frozenset[str]],
-                 clock: Callable[[], float] = time.monotonic):
-        """``halted``: the sources halted now (``halted`` and ``temp_halted``), as the
-        scheduler last read them."""
+                 url_partitions: int = 1, clock: Callable[[], float] = time.monotonic):
+        """``halted``: the sources in ``halted`` now, as the scheduler last read them."""
         self._feed = feed
         self._producer = producer
         self._halted = halted
+        self._url_partitions = url_partitions
         self._clock = clock
         self._owned: set[TP] = set()
         self._scan_ends: dict[TP, int] = {}  # partitions being scanned -> where their log ended
@@ -122,11 +123,11 @@ class HaltedLine:
             message = rejected_message(record.topic, record.value, str(exc))
             await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
             return
+        value, place = record.value or b"", {}
         if request.source in halted:
             topic = HALTED_URLS_TOPIC
             self.parked_again += 1
         else:
-            topic = URLS_TOPIC
+            topic, value, place = URLS_TOPIC, request.to_json(), hand_back(record.value, self._url_partitions)
             self.handed_back += 1
-        value = record.value or b""
-        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, request.source))
+        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, request.source, **place))

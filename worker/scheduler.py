@@ -34,7 +34,7 @@ from common.contracts import (ACTIVE_SOURCES, HALTED_URLS_TOPIC, REJECTED_TOPIC,
                               InvalidMessage, parse_crawl_request, rate_limit_key, rejected_message)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
-from common.source_sets import read_source_sets
+from common.source_sets import read_halts
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
 from worker.allocation import reserve
@@ -46,7 +46,7 @@ from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import persist
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
-from worker.waiting import wait_message
+from worker.waiting import parked_message, wait_message
 
 Handle = Callable[[CrawlRequest], Awaitable[float]]
 
@@ -130,7 +130,7 @@ class Scheduler:
         now = self._clock()
         told = {s: now for s in self._new_work if now - self._demand_told.get(s, 0.0) >= DEMAND_INTERVAL}
         try:
-            sets = await read_source_sets(self._redis)
+            sets = await read_halts(self._redis)
             rates = await self._redis.mget([rate_limit_key(s) for s in names]) if names else []
             if told:
                 # The regulator grants tokens to the sources active lately: these have work here.
@@ -234,7 +234,7 @@ class Scheduler:
         assert job.request is not None
         self.parked += 1
         if source in self.halted:
-            topic, value = HALTED_URLS_TOPIC, job.request.to_json()
+            topic, value = HALTED_URLS_TOPIC, parked_message(job.request, job.tp[1])
         else:
             now = self._clock()
             rate = self.rates.get(source, 0.0)
@@ -244,7 +244,7 @@ class Scheduler:
                 ahead = len(self._pending.get(source, ())) / rate
                 not_before = max(self._park_at.get(source, 0.0), now + ahead) + 1.0 / rate
                 self._park_at[source] = not_before
-            topic, value = wait_message(job.request, not_before, now)
+            topic, value = wait_message(job.request, not_before, now, job.tp[1])
         self._parking += 1
         self._spawn(job, None, self._send_parked(topic, value, source))
 
@@ -275,7 +275,9 @@ class Scheduler:
         inflight = self._inflight
         shared_free = (self._max_tasks - sum(reserved.values())
                        - sum(n - reserved.get(s, 0) for s, n in inflight.items() if n > reserved.get(s, 0)))
-        candidates = list(self._pending)
+        # With no shared slot free only the sources with a reservation can start: at 10,000
+        # sources queued, going round all of them at every task's end was most of the loop.
+        candidates = list(self._pending) if shared_free > 0 else [s for s in reserved if s in self._pending]
         while candidates and self._total < self._max_tasks:
             started = []
             for source in candidates:

@@ -12,14 +12,16 @@ from common.contracts import (REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMe
 from common.protocols import MessageProducer
 from worker.constants import POLL_BATCH, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
-from worker.waiting import wait_message, wait_times
+from worker.waiting import hand_back, wait_message, wait_times
 from worker.task import persist
 
 
 class WaitLine:
-    def __init__(self, feed: Feed, producer: MessageProducer, clock: Callable[[], float] = time.time):
+    def __init__(self, feed: Feed, producer: MessageProducer, url_partitions: int = 1,
+                 clock: Callable[[], float] = time.time):
         self._feed = feed
         self._producer = producer
+        self._url_partitions = url_partitions
         self._clock = clock
         self._held: dict[TP, deque[Record]] = {}
         self._paused: set[TP] = set()
@@ -67,9 +69,10 @@ class WaitLine:
             await persist("kafka_send:rejected", lambda: self._producer.send(REJECTED_TOPIC, message))
             return
         not_before = wait_times(record.value)[1]
-        key = None
-        if not_before > now:
-            topic, value = wait_message(request, not_before, now)
-        else:  # keyed by source: the partitioner keeps a source's hand-backs together
-            topic, value, key = URLS_TOPIC, request.to_json(), request.source
-        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, key))
+        place = hand_back(record.value, self._url_partitions)
+        if not_before > now:  # another turn
+            topic, value = wait_message(request, not_before, now, place.get("partition"))
+            place = {}
+        else:
+            topic, value = URLS_TOPIC, request.to_json()
+        await persist(f"kafka_send:{topic}", lambda: self._producer.send(topic, value, request.source, **place))

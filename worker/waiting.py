@@ -19,13 +19,16 @@ loses one; what the line holds in memory is at most one poll's batch.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from common.contracts import WAIT_TOPICS, CrawlRequest
 from worker.constants import WAIT_TIER_SECONDS
 
 
-def wait_message(request: CrawlRequest, not_before: float, now: float) -> tuple[str, bytes]:
-    """The wait topic and message for ``request`` to come back at ``not_before``: its next turn."""
+def wait_message(request: CrawlRequest, not_before: float, now: float,
+                 partition: int | None = None) -> tuple[str, bytes]:
+    """The wait topic and message for ``request`` to come back at ``not_before``: its next turn.
+    ``partition``: the partition of ``urls`` it came from, to go back to (``hand_back``)."""
     remaining = not_before - now
     tier = 0
     for i, seconds in enumerate(WAIT_TIER_SECONDS):
@@ -35,7 +38,29 @@ def wait_message(request: CrawlRequest, not_before: float, now: float) -> tuple[
     # so each topic's messages fall due in the order they were written.
     length = WAIT_TIER_SECONDS[tier]
     due = now + (min(max(remaining, 0.0), length) if tier == 0 else length)
-    return WAIT_TOPICS[tier], request.to_json(not_before=not_before, due=due)
+    return WAIT_TOPICS[tier], request.to_json(not_before=not_before, due=due, **_place(partition))
+
+
+def _place(partition: int | None) -> dict[str, int]:
+    return {} if partition is None else {"partition": partition}
+
+
+def parked_message(request: CrawlRequest, partition: int | None) -> bytes:
+    """A halted source's URL for ``urls_halted``, with the partition of ``urls`` it came from."""
+    return request.to_json(**_place(partition))
+
+
+def hand_back(value: bytes | None, url_partitions: int) -> dict[str, Any]:
+    """Where a waiting URL goes back to in ``urls``: the partition it was parked from, so a
+    source's URLs stay spread as the splitter spread them (a fast source over several workers);
+    else (a robots.txt wait, an older message, a value out of range) by its source's key."""
+    try:
+        partition = json.loads(value or b"").get("partition")
+    except (ValueError, AttributeError):
+        partition = None
+    if isinstance(partition, int) and not isinstance(partition, bool) and 0 <= partition < url_partitions:
+        return {"partition": partition}
+    return {}
 
 
 def wait_times(value: bytes | None) -> tuple[float, float]:

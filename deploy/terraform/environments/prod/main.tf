@@ -36,7 +36,7 @@ module "image_crawler" {
   worker_count          = var.worker_count
   worker_instance_type  = var.worker_instance_type
   monitor_instance_type = "t3.small"
-  kafka_partitions      = var.kafka_partitions
+  url_partitions        = var.url_partitions
   operator_cidr_blocks  = var.operator_cidr_blocks
   ssm_environment       = var.ssm_environment
 }

@@ -53,10 +53,10 @@ variable "kafka_port" {
   default = 9092
 }
 
-variable "kafka_partitions" {
-  description = "Partitions per source topic: at least worker_count."
+variable "url_partitions" {
+  description = "Partitions of the urls topic: about 8 per worker the fleet may grow to."
   type        = number
-  default     = 16
+  default     = 256
 }
 
 variable "s3_bucket" {

@@ -27,7 +27,7 @@ locals {
       KAFKA_HOSTS        = var.kafka_hosts
       S3_BUCKET          = var.s3_bucket
       AWS_DEFAULT_REGION = data.aws_region.current.name
-      KAFKA_PARTITIONS   = tostring(var.kafka_partitions)
+      URL_PARTITIONS     = tostring(var.url_partitions)
       MAX_TASKS          = tostring(var.max_tasks)
       MONITOR_PORT       = tostring(var.monitor_port)
     },

@@ -34,7 +34,7 @@ variable "image_tag" {
 }
 
 variable "worker_count" {
-  description = "Worker instances, one worker container each. Keep it at most KAFKA_PARTITIONS so no worker idles."
+  description = "Worker instances, one worker container each. Keep it well under url_partitions, so every worker owns several partitions of urls."
   type        = number
   default     = 2
 }
@@ -72,10 +72,10 @@ variable "sources_url" {
   default     = null
 }
 
-variable "kafka_partitions" {
-  description = "KAFKA_PARTITIONS of each per-source topic the monitor creates."
+variable "url_partitions" {
+  description = "URL_PARTITIONS: partitions of the one urls topic every source's URLs go through (about 8 per worker you may run; grow it with kafka-topics --alter)."
   type        = number
-  default     = 4
+  default     = 256
 }
 
 variable "max_tasks" {

@@ -1,0 +1,95 @@
+"""A halted source in the same partitions as the others, on the real stack (issue 26).
+
+20,000 URLs of a halted source go into ``urls`` ahead of three other sources' URLs,
+in the same two partitions. The others must crawl at their limits as if it were not
+there (its URLs are parked in ``urls_halted``, not held in the workers); after the
+operator resumes it, every one of its URLs gets its outcome, though a worker is
+SIGKILLed midway.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from redis import Redis
+
+from common.contracts import HALTED, adaptive_off_key, override_rate_key
+from common.settings import DEFAULT_USER_AGENT, Settings
+from demo.crawl import crawl
+from demo.outcomes import LINK_ROT, QUALITY
+from demo.simweb import Planned, SimWeb, SiteSpec, image_count_for_rate, synthetic_image
+from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a Kafka per crawl
+from test.test_e2e_crawl import assert_outcomes, fail_if_dead, outcome_report
+
+HELD_URLS = 20_000
+HELD_RATE_AFTER_RESUME = 1000.0  # the operator's override on resume: the test's length, not the point
+OTHERS = {"six": 6.0, "ten": 10.0, "twenty": 20.0}
+OTHER_SECONDS = 12  # of URLs at each other source's limit
+WORKERS = 2
+TIMEOUT = 180.0
+
+
+def halted_web(prefix: str, log: Path) -> tuple[SimWeb, list[Planned], list[Planned]]:
+    """The held source answers 404 (link rot: an outcome without image work); the others serve
+    images. Each source on a loopback address of its own."""
+    held = f"{prefix}held"
+    specs = [SiteSpec(held, image_count_for_rate(200.0), {}, host="127.0.0.21")]
+    held_plan = [Planned(f"{held}-{i}", held, f"/missing/{i}.jpg", frozenset({LINK_ROT})) for i in range(HELD_URLS)]
+    others_plan = []
+    for n, (name, rate) in enumerate(OTHERS.items()):
+        files = {}
+        for i in range(int(rate * OTHER_SECONDS)):
+            ext, body, _ = synthetic_image(i % 8)
+            files[f"/img/{i}.{ext}"] = body
+            others_plan.append(Planned(f"{prefix}{name}-{i}", f"{prefix}{name}", f"/img/{i}.{ext}",
+                                       frozenset({QUALITY})))
+        specs.append(SiteSpec(f"{prefix}{name}", image_count_for_rate(rate), files, host=f"127.0.0.{22 + n}"))
+    return SimWeb(specs, log_path=log), held_plan, others_plan
+
+
+def achieved(times: list[float]) -> float:
+    """Requests a second between a site's first and last request."""
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+
+
+def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
+        crawl_env, tmp_path: Path, unique: str) -> None:  # noqa: F811 - the fixture
+    prefix = f"h{unique[:6]}"
+    web, held_plan, others_plan = halted_web(prefix, tmp_path / "requests.jsonl")
+    held = held_plan[0].source
+    redis = Redis.from_url(crawl_env["REDIS_URL"], decode_responses=True)
+    redis.sadd(HALTED, held)  # the operator's halt, before any of its URLs arrive
+    for source in [held, *(p.source for p in others_plan)]:
+        redis.set(adaptive_off_key(source), 1)  # the limits themselves, not the slow start, are judged
+    # Two partitions: the held source's 8 shards cover both, so every other source's URLs sit behind
+    # thousands of its URLs (the TSV lists them first).
+    with crawl(web, held_plan + others_plan, crawl_env, tmp_path, WORKERS, URL_PARTITIONS="2") as (cluster, outcomes):
+        others = {p.uuid for p in others_plan}
+        assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(others)), outcome_report(outcomes, others_plan)
+        assert not (set(outcomes.kinds) - others), "a halted source's URL got an outcome"
+        shares = {}
+        for name, rate in OTHERS.items():
+            times = sorted(r.time for r in web.sites[f"{prefix}{name}"].requests("/img/"))
+            shares[name] = achieved(times) / rate
+        assert not web.sites[held].log, "the halted source's site was asked"
+
+        redis.set(override_rate_key(held), HELD_RATE_AFTER_RESUME)
+        redis.srem(HALTED, held)  # ctl resume
+        resumed = time.monotonic()
+        assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(others) + HELD_URLS // 3), \
+            outcome_report(outcomes, held_plan)
+        victim = next(c for c in cluster.children if c.name == "worker-1")
+        assert victim.stop(signal.SIGKILL) == -signal.SIGKILL
+        cluster.start_worker()  # its replacement, as a supervisor would start it
+        outcomes.wait(TIMEOUT, fail_if_dead(cluster))
+        back = time.monotonic() - resumed
+    redis.close()
+    print(f"\n[halted] others' share of their limits {({k: round(v, 3) for k, v in shares.items()})}; "
+          f"{HELD_URLS} halted URLs ended {back:.0f} s after the resume; duplicates {outcomes.duplicates()}")
+    assert all(share >= 0.9 for share in shares.values()), shares
+    assert_outcomes(outcomes, held_plan + others_plan)
+    settings = Settings()
+    for name, site in web.sites.items():
+        limit = HELD_RATE_AFTER_RESUME if name == held else OTHERS[name[len(prefix):]]
+        assert not site.violations(limit, DEFAULT_USER_AGENT, settings.crawl_per_host_connections * WORKERS)
