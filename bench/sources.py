@@ -295,8 +295,8 @@ def run(args: argparse.Namespace, sources: int) -> dict[str, float]:
     distinct_urls = {(source, name) for source, _at, name in arrivals}
     distinct = len(distinct_urls)
     figures: dict[str, float] = {"sources": sources, "urls": total}
-    print(f"\n{sources} slow sources x {urls_each} + 1 fast, {args.workers} workers, URL_PARTITIONS "
-          f"{args.partitions or 'default'}; logs in {folder}")
+    print(f"\n{sources} slow sources x {urls_each} + 1 fast, {args.workers} workers, {partitions.get(URLS_TOPIC)} "
+          f"partitions of {URLS_TOPIC}; logs in {folder}")
     print(f"load average at the end: {os.getloadavg()}")
     if first:
         figures["first_request"] = min(first.values()) - produced
@@ -397,7 +397,7 @@ def main() -> None:
                         help=f"URLs of each slow source (default {SLOW_URLS}, fewer past "
                              f"{SLOW_URLS_CAP // SLOW_URLS:,} sources: {SLOW_URLS_CAP:,} in all, at least 1 each)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--partitions", type=int, help="URL_PARTITIONS: of the urls topic (default: the setting's)")
+    parser.add_argument("--partitions", type=int, help="URL_PARTITIONS: of the urls topic (default: the local stack's)")
     parser.add_argument("--max-tasks", type=int, default=500,
                         help="MAX_TASKS of each worker (the default setting: 500)")
     parser.add_argument("--deadline", type=float,
