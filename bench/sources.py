@@ -338,7 +338,8 @@ def run(args: argparse.Namespace, sources: int) -> dict[str, float]:
     crawled[SLOW] = len(distinct_urls) - crawled[FAST]
     figures["messages_per_url"] = sum(held.values()) / max(len(distinct_urls), 1)
     print(f"messages in the internal topics (each written once, read at least once) per URL crawled "
-          f"({len(distinct_urls)} distinct URLs requested): {figures['messages_per_url']:.2f}")
+          f"({len(distinct_urls)} distinct URLs requested): {figures['messages_per_url']:.2f} "
+          f"(per URL produced: {sum(held.values()) / max(total, 1):.2f})")
     for kind, label in ((FAST, "the fast source"), (SLOW, "the slow sources")):
         print(f"  {label} ({crawled[kind]} crawled): " + ", ".join(
             f"{topic} {held.get((topic, kind), 0) / max(crawled[kind], 1):.2f} ({held.get((topic, kind), 0)})"
