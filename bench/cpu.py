@@ -1,7 +1,10 @@
-"""CPU time and memory of other processes, for benchmarks that run their peers and servers beside them."""
+"""CPU time and memory of other processes, for benchmarks that run their peers and servers beside them
+(from /proc: psutil is not a dependency)."""
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -41,3 +44,67 @@ def _tree(pid: int) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def tree_cpu(pid: int) -> float:
+    """utime+stime of a process and its descendants (a worker's image pool, those it reaped
+    included), in seconds."""
+    total = 0.0
+    for member in _tree(pid):
+        try:
+            total += stat_cpu(Path(f"/proc/{member}/stat"), reaped_children=True)
+        except OSError:
+            continue
+    return total
+
+
+class TreeSampler:
+    """Peak resident memory and CPU of named process trees, read from /proc every ``every`` s
+    on a thread of its own, so that a peak between the benchmark's own checks is not missed.
+
+    CPU counts from ``mark_cpu()``; the last sample of a tree that exits stays (its CPU
+    is not lost when the monitor is stopped before the others)."""
+
+    def __init__(self, pids: Mapping[str, int], every: float = 1.0):
+        self.pids = dict(pids)
+        self.every = every
+        self.peak_rss: dict[str, int] = {}
+        self._cpu: dict[str, float] = {}
+        self._cpu_from: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
+
+    def start(self) -> TreeSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def sample(self) -> None:
+        for name, pid in self.pids.items():
+            if not Path(f"/proc/{pid}").exists():
+                continue
+            rss, _files = proc_rss_and_files(pid)
+            cpu = tree_cpu(pid)
+            with self._lock:
+                self.peak_rss[name] = max(rss, self.peak_rss.get(name, 0))
+                self._cpu[name] = max(cpu, self._cpu.get(name, 0.0))
+
+    def mark_cpu(self) -> None:
+        """CPU is counted from now on."""
+        self.sample()
+        with self._lock:
+            self._cpu_from = dict(self._cpu)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds of each tree since ``mark_cpu()``."""
+        with self._lock:
+            return {name: seconds - self._cpu_from.get(name, 0.0) for name, seconds in self._cpu.items()}

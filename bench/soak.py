@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bench.cpu import proc_rss_and_files
-from common.contracts import NUM_RESIZED, SOURCE_TOPIC_PREFIX, WORKER_GROUP
+from common.contracts import NUM_RESIZED, URLS_TOPIC, WORKER_GROUP
 from common.kafka import consumer_config
 from demo.cluster import Cluster
 from demo.crawl import crawler_env
@@ -159,7 +159,7 @@ def unconsumed(kafka_hosts: str) -> list[str]:
                 owners[(tp.topic, tp.partition)] = member.client_id or member.member_id
     except KafkaException as exc:
         print(f"describe group failed: {exc}")
-    topics = [t for t in admin.list_topics(timeout=30).topics if t.startswith(SOURCE_TOPIC_PREFIX)]
+    topics = [t for t in admin.list_topics(timeout=30).topics if t == URLS_TOPIC]
     reader = Consumer(consumer_config(kafka_hosts, WORKER_GROUP))
     try:
         wanted = [TopicPartition(t, p) for t in topics
