@@ -145,6 +145,7 @@ adaptive_off_key = _keyed("adaptive_off")   # set (any value): no adaptation for
 # The field of adaptive:{source} holding the source's limit (computed or overridden), req/s; workers
 # size a source's queue and the spacing of its parked URLs by it (worker.scheduler).
 ADAPTIVE_CEILING_FIELD = "ceiling"
+ADAPTIVE_SLOW_START_FIELD = "slow_start"  # "1" while the source is in its slow start
 
 
 def response_times_key(source: str, bucket_start: int) -> str:

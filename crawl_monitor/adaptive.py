@@ -222,7 +222,8 @@ class Controller:
     def saved(self, ceiling: float, enabled: bool) -> dict[str, str]:
         fields = {"effective_rate": self.rate(ceiling) if enabled else ceiling,
                   contracts.ADAPTIVE_CEILING_FIELD: ceiling,
-                  "multiplier": self.multiplier, "slow_start": int(self.slow_start), "enabled": int(enabled),
+                  "multiplier": self.multiplier, contracts.ADAPTIVE_SLOW_START_FIELD: int(self.slow_start),
+                  "enabled": int(enabled),
                   "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
                   "recent_ms": self.recent_ms,
                   "changed_at": self.changed_at if self.changed_at > float("-inf") else None}
@@ -237,7 +238,7 @@ class Controller:
         multiplier = values.get("multiplier")
         if multiplier is not None and 0 < multiplier <= 1:
             controller.multiplier = multiplier
-            controller.slow_start = values.get("slow_start") == 1
+            controller.slow_start = values.get(contracts.ADAPTIVE_SLOW_START_FIELD) == 1
         baseline, baseline_at = values.get("baseline_ms"), values.get("baseline_at")
         if baseline is not None and baseline > 0 and baseline_at is not None:
             controller.baseline_ms, controller.baseline_at = baseline, baseline_at

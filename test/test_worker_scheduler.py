@@ -6,7 +6,8 @@ import json
 import time
 from collections import Counter
 
-from common.contracts import (ADAPTIVE_CEILING_FIELD, HALTED, HALTED_URLS_TOPIC, INBOUND_SOURCES,
+from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD, HALTED, HALTED_URLS_TOPIC,
+                              INBOUND_SOURCES,
                               REJECTED_TOPIC, adaptive_key,
                               TEMP_HALTED, URLS_TOPIC, WAIT_TOPICS, CrawlRequest, rate_limit_key)
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
@@ -309,7 +310,7 @@ async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch)
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
     feed = FakeFeed(records("a", 400), batch_size=100)
     redis = await redis_with({"a": 2.0})  # granted 2 req/s of its 20
-    redis.store[adaptive_key("a")] = {ADAPTIVE_CEILING_FIELD: "20.0"}
+    redis.store[adaptive_key("a")] = {ADAPTIVE_CEILING_FIELD: "20.0", ADAPTIVE_SLOW_START_FIELD: "1"}
     producer = FakeProducer()
 
     async def handle(request: CrawlRequest) -> float:

@@ -163,6 +163,9 @@ class FakePipeline:
             elif name == "hget":
                 value = store.get(args[0], {}).get(args[1])
                 results.append(None if value is None else str(value))
+            elif name == "hmget":
+                values = [store.get(args[0], {}).get(field) for field in args[1]]
+                results.append([None if value is None else str(value) for value in values])
             elif name == "zremrangebyscore":
                 key, _low, high = args
                 zset = store.setdefault(key, {})

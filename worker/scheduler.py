@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 
 from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
                               EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED)
-from common.contracts import (ADAPTIVE_CEILING_FIELD, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC,
+from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC,
                               REJECTED_TOPIC, URLS_TOPIC, CrawlRequest, InvalidMessage, adaptive_key,
                               crawl_error_message, parse_crawl_request, rate_limit_key, rejected_message)
 from common.cancel import cancel_and_wait
@@ -145,9 +145,15 @@ class Scheduler:
             if fresh:
                 pipe = self._redis.pipeline(transaction=False)
                 for source in fresh:
-                    pipe.hget(adaptive_key(source), ADAPTIVE_CEILING_FIELD)
-                self._limits.update({s: limit for s, raw in zip(fresh, await pipe.execute(), strict=True)
-                                     if (limit := _as_rate(raw)) is not None})
+                    pipe.hmget(adaptive_key(source), [ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD])
+                for source, (limit, slow_start) in zip(fresh, await pipe.execute(), strict=True):
+                    # Only while it slow-starts is its grant about to climb to its limit; a source
+                    # backed off is crawled at its grant, and URLs parked at its limit's pace came
+                    # back faster than it drained them (parked again behind all the others).
+                    if _as_rate(limit) is not None and str(slow_start) == "1":
+                        self._limits[source] = _as_rate(limit) or 0.0
+                    else:
+                        self._limits.pop(source, None)
         except Exception as exc:  # noqa: BLE001 - Redis away (any client error): keep the last known state
             log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
             return
@@ -413,7 +419,7 @@ class Scheduler:
 
     def _pace(self, source: str) -> float:
         """The rate a source's slots, queue and parked URLs are sized by: what it is granted now,
-        or its limit if higher. During a slow start the grant climbs from a tenth of the limit
+        or, while it slow-starts, its limit. During a slow start the grant climbs from a tenth of the limit
         within seconds; URLs parked at a tenth's pace came back minutes late (the restart test:
         a 6 req/s source crawled at 1 req/s for two minutes), and those parked at the limit's
         pace come back early at worst (and are parked again: four messages). The tokens, not the
