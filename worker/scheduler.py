@@ -256,7 +256,7 @@ class Scheduler:
             metrics.parked(metrics.PARKED_TO_HALTED)
         else:
             now = self._clock()
-            rate = self._pace(source)
+            rate = self._drain_rate(source)
             self._parked_lately.add(source)
             if rate <= 0 or source in self._temp_halted:
                 not_before = now + PARK_DEFAULT_SECONDS
@@ -409,13 +409,20 @@ class Scheduler:
         """
         if self.rates.get(source) is None:  # not read yet (a refresh every REFRESH_INTERVAL): no reason to park yet
             return QUEUE_UNRATED
-        rate = self._pace(source)
-        achieved = self._throughput.get(source)
-        if achieved is not None:
-            rate = min(rate, max(2 * achieved, 1.0))
+        rate = self._drain_rate(source)
         by_slots = 2 * max(self._reserved.get(source, 0), MIN_TASKS_PER_SOURCE)
         by_rate = int(rate * QUEUE_SECONDS)
         return min(max(by_slots, by_rate), QUEUE_MAX_PER_SOURCE)
+
+    def _drain_rate(self, source: str) -> float:
+        """What a source's queue and parked URLs are sized by: its pace, or twice what it achieves
+        here if that is less (a site's connection cap, a slow site, a busy worker). Parked at
+        its pace, a 1,000 req/s source crawled at 75 req/s had its URLs back within seconds and
+        parked again, thousands a second, uncommitted behind its queue: a SIGKILL then had 6,500
+        URLs crawled twice."""
+        rate = self._pace(source)
+        achieved = self._throughput.get(source)
+        return rate if achieved is None else min(rate, max(2 * achieved, 1.0))
 
     def _pace(self, source: str) -> float:
         """The rate a source's slots, queue and parked URLs are sized by: what it is granted now,
