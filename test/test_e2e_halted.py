@@ -59,7 +59,8 @@ def achieved(times: list[float]) -> float:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
 
-@pytest.mark.parametrize("held_urls", [SUITE_HELD_URLS, pytest.param(HELD_URLS, marks=[pytest.mark.slow, pytest.mark.timeout(600)])])
+@pytest.mark.parametrize("held_urls", [
+    SUITE_HELD_URLS, pytest.param(HELD_URLS, marks=[pytest.mark.slow, pytest.mark.timeout(600)])])
 def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
         crawl_env, tmp_path: Path, unique: str, held_urls: int) -> None:  # noqa: F811 - the fixture
     prefix = f"h{unique[:6]}"
