@@ -60,7 +60,7 @@ def achieved(times: list[float]) -> float:
 
 
 @pytest.mark.parametrize("held_urls", [
-    SUITE_HELD_URLS, pytest.param(HELD_URLS, marks=[pytest.mark.slow, pytest.mark.timeout(600)])])
+    SUITE_HELD_URLS, pytest.param(HELD_URLS, marks=[pytest.mark.slow, pytest.mark.timeout(900)])])
 def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
         crawl_env, tmp_path: Path, unique: str, held_urls: int) -> None:  # noqa: F811 - the fixture
     prefix = f"h{unique[:6]}"
@@ -91,7 +91,8 @@ def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
         victim = next(c for c in cluster.children if c.name == "worker-1")
         assert victim.stop(signal.SIGKILL) == -signal.SIGKILL
         cluster.start_worker()  # its replacement, as a supervisor would start it
-        outcomes.wait(TIMEOUT, fail_if_dead(cluster))
+        # One worker crawls one source at ~75-90 req/s here (docs/decisions.md): the rest takes a while.
+        outcomes.wait(max(TIMEOUT, held_urls / 40), fail_if_dead(cluster))
         back = time.monotonic() - resumed
     redis.close()
     print(f"\n[halted] others' share of their limits {({k: round(v, 3) for k, v in shares.items()})}; "
