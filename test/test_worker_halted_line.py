@@ -67,6 +67,9 @@ class LogFeed:
     async def seek(self, positions) -> None:
         self.position.update(positions)
 
+    async def positions(self, parts) -> dict[TP, int]:
+        return {tp: self.position[tp] for tp in parts}
+
     async def commit(self, positions) -> bool:
         self.committed.update(positions)
         return True

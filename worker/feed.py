@@ -159,6 +159,13 @@ class KafkaFeed:
                                                            cached=False)[1] for t, p in parts}
         return await self._consumer.call(ends)
 
+    async def positions(self, parts: list[TP]) -> dict[TP, int]:
+        """Where each partition's next fetch starts; negative while not known (not fetched yet)."""
+        def where(consumer: Consumer) -> dict[TP, int]:
+            return {(p.topic, p.partition): p.offset
+                    for p in consumer.position([TopicPartition(t, p) for t, p in parts])}
+        return await self._consumer.call(where)
+
     async def seek(self, positions: dict[TP, int]) -> None:
         """Read each partition again from ``position`` (it must be assigned to this consumer)."""
         def seek_all(consumer: Consumer) -> None:

@@ -32,6 +32,7 @@ from worker.waiting import hand_back
 class HaltedFeed(Feed, Protocol):
     async def high_watermarks(self, parts: list[TP]) -> dict[TP, int]: ...
     async def seek(self, positions: dict[TP, int]) -> None: ...
+    async def positions(self, parts: list[TP]) -> dict[TP, int]: ...
 
 
 class HaltedLine:
@@ -112,7 +113,14 @@ class HaltedLine:
         finished = {(r.topic, r.partition): self._scan_ends[(r.topic, r.partition)] for r in records
                     if r.offset + 1 >= self._scan_ends.get((r.topic, r.partition), r.offset + 2)}
         self._empty_polls = 0 if records else self._empty_polls + 1
-        quiet = set(self._scan_ends) - set(finished) if self._empty_polls >= 3 else set()
+        quiet: set[TP] = set()
+        if self._empty_polls >= 3:
+            # Quiet only where the consumer stands at the end already: right after an assignment
+            # the first fetch can take seconds on tansu, and a partition paused then would keep
+            # its URLs until the next scan (after a SIGKILL, 126 of 2,000 waited for it).
+            waiting = sorted(set(self._scan_ends) - set(finished))
+            stands = await self._feed.positions(waiting) if waiting else {}
+            quiet = {tp for tp in waiting if stands.get(tp, -1) >= self._scan_ends[tp]}
         if finished or quiet:
             await self._feed.pause(sorted(set(finished) | quiet))
             await self._feed.seek(finished)
