@@ -35,6 +35,7 @@ from common.jsonlog import log_event
 from common.kafka import consumer_config, ensure_topics
 from crawl_monitor.constants import INBOUND_PARTITIONS
 from common.settings import load_settings
+from crawl_monitor.url_lists.progress import save_json_atomically
 from crawl_monitor.url_lists.results import SCHEMA, Joiner
 
 TOPICS = (contracts.METADATA_TOPIC, contracts.LINK_ROT_TOPIC, contracts.CRAWL_ERRORS_TOPIC)
@@ -71,12 +72,7 @@ class ExportState:
             raise ValueError(f"{path}: unreadable export state ({exc})") from None
 
     def save(self, path: Path) -> None:
-        temporary = path.with_name(path.name + ".tmp")
-        with temporary.open("w") as out:
-            json.dump(asdict(self), out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
+        save_json_atomically(path, asdict(self))
 
 
 def _name(topic: str, partition: int) -> str:

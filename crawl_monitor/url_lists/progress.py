@@ -37,6 +37,16 @@ def message_key(run: str, file_index: int, row: int) -> bytes:
     return f"{run}:{file_index}:{row}".encode()
 
 
+def save_json_atomically(path: Path, data: object) -> None:
+    """A crash mid-write leaves the previous file, never half of one (written aside, synced, renamed)."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w") as out:
+        json.dump(data, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+
+
 @dataclass
 class Progress:
     run: str
@@ -47,14 +57,8 @@ class Progress:
     done: bool = False
 
     def save(self, path: Path) -> None:
-        """Atomically: a crash mid-write leaves the previous progress, never half of one."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        with temporary.open("w") as out:
-            json.dump(asdict(self), out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
+        save_json_atomically(path, asdict(self))
 
     @classmethod
     def load(cls, path: Path, run: str) -> Progress | None:
