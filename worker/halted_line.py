@@ -51,7 +51,6 @@ class HaltedLine:
         self._seen_halted: frozenset[str] = frozenset()
         self._next_scan = 0.0
         self._stopping = asyncio.Event()
-        self.handed_back = 0    # URLs sent back to urls
         self.parked_again = 0   # URLs written again for the next scan
 
     def stop(self) -> None:
@@ -145,7 +144,6 @@ class HaltedLine:
             self.parked_again += 1
         else:
             topic, value, place = URLS_TOPIC, request.to_json(), hand_back(record.value, self._url_partitions)
-            self.handed_back += 1
             self._handed_in_scan += 1
         if not await deliver(self._producer, topic, value, request.source, place.get("partition"),
                              identifier=request.uuid):

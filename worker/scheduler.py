@@ -101,7 +101,6 @@ class Scheduler:
         self._next_refresh = 0.0
         self._last_refresh = 0.0
         self._next_commit = 0.0
-        self.parked = 0                            # URLs parked so far (bench and tests read it)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -250,7 +249,6 @@ class Scheduler:
         comes (a paused, temporarily halted or unrated source's after PARK_DEFAULT_SECONDS).
         """
         assert job.request is not None
-        self.parked += 1
         if source in self.halted:
             topic, value = HALTED_URLS_TOPIC, parked_message(job.request, job.tp[1])
             metrics.parked(metrics.PARKED_TO_HALTED)
