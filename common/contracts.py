@@ -33,6 +33,8 @@ REJECTED_TOPIC = "rejected_messages"
 WAIT_TOPICS = ("urls_wait_30s", "urls_wait_5m", "urls_wait_1h")
 # URLs of halted sources (``halted``, ``temp_halted`` too long): read again when a source resumes.
 HALTED_URLS_TOPIC = "urls_halted"
+# A halted-line scan's end in a partition of urls_halted: {"halted_scan": "<random id>"}, no URL.
+SCAN_MARKER_FIELD = "halted_scan"
 # The internal wait topics are light: a fixed number of partitions serves any fleet.
 WAIT_TOPIC_PARTITIONS = 32
 

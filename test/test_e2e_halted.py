@@ -23,6 +23,7 @@ from common.settings import DEFAULT_USER_AGENT
 from demo.crawl import crawl
 from demo.outcomes import LINK_ROT, QUALITY
 from demo.simweb import Planned, SimWeb, SiteSpec, image_count_for_rate, synthetic_image
+from test.kafka_locate import locate
 from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a Kafka per crawl
 from test.test_e2e_crawl import assert_outcomes, fail_if_dead, outcome_report
 
@@ -100,10 +101,12 @@ def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
         # One worker crawls one source at ~75-90 req/s here (docs/decisions.md): the rest takes a while.
         outcomes.wait(max(TIMEOUT, held_urls / 40), fail_if_dead(cluster))
         back = time.monotonic() - resumed
+        where = locate(crawl_env["KAFKA_HOSTS"], outcomes.missing()) if outcomes.missing() else ""
     redis.close()
     print(f"\n[halted] others' share of their limits {({k: round(v, 3) for k, v in shares.items()})}; "
           f"{held_urls} halted URLs ended {back:.0f} s after the resume; duplicates {outcomes.duplicates()}")
     assert all(share >= 0.9 for share in shares.values()), shares
+    assert not where, f"{len(outcomes.missing())} URLs without an outcome: {where}"
     assert_outcomes(outcomes, held_plan + others_plan)
     for name, site in web.sites.items():
         limit = HELD_RATE_AFTER_RESUME if name == held else OTHERS[name[len(prefix):]]

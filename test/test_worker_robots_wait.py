@@ -77,15 +77,44 @@ async def test_the_line_hands_back_what_is_due_and_holds_the_rest_uncommitted():
     await asyncio.sleep(0.2)
     assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["due"]
     assert feed.committed() == {(first, 0): 1, (first, 1): 7}
-    assert (first, 0) in feed.paused  # "later" is held, the partition paused
+    assert (first, 0) not in feed.paused  # one held record is far from the partition's bound
     (turn,) = producer.on(WAIT_TOPICS[1])
     assert turn["uuid"] == "again" and turn["robots_wait_since"] == now - 60
     await asyncio.sleep(0.8)
     assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["due", "later"]
-    assert feed.committed()[(first, 0)] == 2 and (first, 0) not in feed.paused
+    assert feed.committed()[(first, 0)] == 2
     line.stop()
     await asyncio.wait_for(running, 5)
     assert producer.on("rejected_messages")[0]["raw"] == "not json"
+
+
+async def test_a_url_due_later_holds_back_no_url_due_sooner_behind_it(monkeypatch):
+    """Issue 26: a 30 s turn ends early at its URL's time, so a partition mixes due times. Each
+    is handed over when due; the commit stays below the first one still held; a partition
+    holding its bound is paused until half of it has gone."""
+    monkeypatch.setattr("worker.wait_line.WAIT_HELD_PER_PARTITION", 4)
+    now = time.time()
+    first = WAIT_TOPICS[0]
+
+    def waiting(uuid: str, offset: int, due: float) -> Record:
+        request = CrawlRequest("http://h/x", uuid, SOURCE)
+        return record(first, 0, offset, request.to_json(not_before=due, due=due))
+    feed = FakeFeed([waiting("late", 0, now + 0.8), waiting("soon", 1, now - 1), waiting("a", 2, now + 60),
+                     waiting("b", 3, now + 60), waiting("c", 4, now + 60), waiting("d", 5, now - 1)],
+                    batch_size=1)
+    producer = FakeProducer()
+    line = WaitLine(feed, producer)
+    running = asyncio.create_task(line.run())
+    await asyncio.sleep(0.3)
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["soon"]  # not behind "late"
+    assert feed.committed().get((first, 0), 0) == 0  # "late" is not handed over yet
+    assert (first, 0) in feed.paused and len(feed.records) == 1  # late, a, b, c held: "d" waits unread
+    await asyncio.sleep(0.9)
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["soon", "late"]
+    assert feed.committed()[(first, 0)] == 2  # "a" is the lowest still held
+    assert (first, 0) in feed.paused  # three held: more than half the bound
+    line.stop()
+    await asyncio.wait_for(running, 5)
 
 
 def test_a_parked_url_goes_back_to_the_partition_it_came_from() -> None:

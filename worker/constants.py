@@ -106,12 +106,21 @@ FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minu
 # takes the longest turn it covers, so an hour's wait is one message, not 120.
 WAIT_TIER_SECONDS = (30.0, 300.0, 3600.0)
 WAIT_POLL_SECONDS = 0.5  # how late past its time a waiting URL may be handed back
+# Records of one wait partition the line holds at most (any of them is handed over when due);
+# with 96 wait partitions over two workers, ~24,000 records, ~10 MB, at worst.
+WAIT_HELD_PER_PARTITION = 500
 # A parked URL of a source whose rate is unknown or zero (paused by Retry-After, temporarily
 # halted) is tried again this much later.
 PARK_DEFAULT_SECONDS = 30.0
 # The halted line reads urls_halted when a source leaves the halted sets, and at least this
 # often besides (a resume it missed, a URL parked just as its source was resumed).
 HALTED_RESCAN_SECONDS = 600.0
+# After a resume it has seen, the line scans again every HALTED_RESUME_RESCAN_SECONDS for
+# HALTED_RESUME_GRACE_SECONDS: the other workers see the resume up to REFRESH_INTERVAL later
+# (longer if Redis is slow to answer) and park its URLs until then. Each of these scans writes
+# the still-halted sources' URLs once more.
+HALTED_RESUME_GRACE_SECONDS = 20.0
+HALTED_RESUME_RESCAN_SECONDS = 5.0
 
 # --- Redis (worker/__main__.py) ------------------------------------------------
 # Connections per worker; a task past them waits for one (common.redis_client). Every call

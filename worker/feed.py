@@ -152,20 +152,6 @@ class KafkaFeed:
         except KafkaException as exc:  # e.g. a partition revoked in the meantime
             log_event(EVENT_CONSUMER_FLOW_FAILED, action=action, error=str(exc))
 
-    async def high_watermarks(self, parts: list[TP]) -> dict[TP, int]:
-        """The offset each partition's next message will get: where its log ends now."""
-        def ends(consumer: Consumer) -> dict[TP, int]:
-            return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=ASSIGN_OFFSETS_TIMEOUT,
-                                                           cached=False)[1] for t, p in parts}
-        return await self._consumer.call(ends)
-
-    async def positions(self, parts: list[TP]) -> dict[TP, int]:
-        """Where each partition's next fetch starts; negative while not known (not fetched yet)."""
-        def where(consumer: Consumer) -> dict[TP, int]:
-            return {(p.topic, p.partition): p.offset
-                    for p in consumer.position([TopicPartition(t, p) for t, p in parts])}
-        return await self._consumer.call(where)
-
     async def seek(self, positions: dict[TP, int]) -> None:
         """Read each partition again from ``position`` (it must be assigned to this consumer)."""
         def seek_all(consumer: Consumer) -> None:

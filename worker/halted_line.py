@@ -4,10 +4,12 @@ A halted source's URLs are no outcome (SPEC.md §1), and they may not wait in
 ``urls`` either: they would hold back every other source of their partitions
 (issue 26). So the scheduler parks them here, and this line, one more consumer
 in each worker, reads the topic only when it may have something to hand back:
-when a source leaves ``halted``, when it is given partitions, and every
-HALTED_RESCAN_SECONDS. A scan reads each partition up to where its log ended
-when the scan began: URLs of sources no longer halted go back to ``urls``; the
-others are written again at the end of the topic, for the next scan. Each
+when a source leaves ``halted`` (and every few seconds for a while after, for
+the URLs that other workers, which see the resume up to a refresh later, park
+meanwhile), when it is given partitions, and every HALTED_RESCAN_SECONDS. A
+scan writes a marker at the end of each partition and reads up to it: URLs of
+sources no longer halted go back to ``urls``; the others are written again at
+the end of the topic, for the next scan. Each
 record is committed only once it is handed back or written again, so a crash
 repeats a hand-over, never loses one. Between scans the partitions are paused:
 a halt of days costs nothing, and a resume costs one read of what waits here.
@@ -15,24 +17,34 @@ a halt of days costs nothing, and a resume costs one read of what waits here.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import uuid
 from collections.abc import Callable
 from typing import Protocol
 
-from common.contracts import (CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, InvalidMessage,
-                              crawl_error_message, parse_crawl_request, rejected_message)
+from common.contracts import (CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC, REJECTED_TOPIC, SCAN_MARKER_FIELD, URLS_TOPIC,
+                              InvalidMessage, crawl_error_message, parse_crawl_request, rejected_message)
 from common.statuses import Status
 from common.protocols import MessageProducer
-from worker.constants import HALTED_RESCAN_SECONDS, POLL_BATCH, WAIT_POLL_SECONDS
+from worker.constants import (HALTED_RESCAN_SECONDS, HALTED_RESUME_GRACE_SECONDS, HALTED_RESUME_RESCAN_SECONDS,
+                              POLL_BATCH, WAIT_POLL_SECONDS)
 from worker.feed import TP, Feed, Record
 from worker.task import deliver
 from worker.waiting import hand_back
 
 
 class HaltedFeed(Feed, Protocol):
-    async def high_watermarks(self, parts: list[TP]) -> dict[TP, int]: ...
     async def seek(self, positions: dict[TP, int]) -> None: ...
-    async def positions(self, parts: list[TP]) -> dict[TP, int]: ...
+
+
+def scan_marker() -> bytes:
+    """The value a scan writes at the end of each partition it reads: where the scan stops."""
+    return json.dumps({SCAN_MARKER_FIELD: uuid.uuid4().hex}).encode()
+
+
+def is_scan_marker(value: bytes | None) -> bool:
+    return (value or b"").startswith(b'{"' + SCAN_MARKER_FIELD.encode() + b'"')
 
 
 class HaltedLine:
@@ -45,10 +57,12 @@ class HaltedLine:
         self._url_partitions = url_partitions
         self._clock = clock
         self._owned: set[TP] = set()
-        self._scan_ends: dict[TP, int] = {}  # partitions being scanned -> where their log ended
-        self._empty_polls = 0
+        self._scanning: set[TP] = set()  # partitions whose scan has not reached its marker
+        self._marker = b""
+        self._scan_started = 0.0
         self._handed_in_scan = 0
         self._seen_halted: frozenset[str] = frozenset()
+        self._resumed_at = float("-inf")
         self._next_scan = 0.0
         self._stopping = asyncio.Event()
         self.parked_again = 0   # URLs written again for the next scan
@@ -62,7 +76,7 @@ class HaltedLine:
             batch = await self._feed.poll(POLL_BATCH, WAIT_POLL_SECONDS)
             for tp in batch.revoked:
                 self._owned.discard(tp)
-                self._scan_ends.pop(tp, None)
+                self._scanning.discard(tp)
             if batch.assigned:
                 self._owned.update(batch.assigned)
                 await self._feed.pause(batch.assigned)  # read only within a scan
@@ -70,66 +84,76 @@ class HaltedLine:
             halted = self._halted()
             if self._seen_halted - halted:  # a source resumed
                 self._next_scan = 0.0
+                self._resumed_at = self._clock()
             self._seen_halted = halted
             await self._scan(batch.records, halted)
-            if not self._scan_ends and self._owned and self._clock() >= self._next_scan:
+            if self._scanning and self._clock() > self._scan_started + HALTED_RESCAN_SECONDS:
+                await self._end_scan(self._scanning, {})  # a marker that never came: start again
+            if not self._scanning and self._owned and self._clock() >= self._next_scan:
                 await self._start_scan()
 
     async def _start_scan(self) -> None:
+        """Write a marker at the end of each partition and read up to it.
+
+        The broker's reported log end cannot bound a scan: tansu reports the first offset of
+        a partition's last batch, so a batch of parked URLs stayed unread until more came
+        (279 of 2,000 resumed URLs, test_e2e_halted).
+        """
         self._next_scan = self._clock() + HALTED_RESCAN_SECONDS
-        ends = await self._feed.high_watermarks(sorted(self._owned))
-        self._scan_ends = {tp: end for tp, end in ends.items() if end > 0}
-        self._empty_polls = 0
+        self._scan_started = self._clock()
+        self._marker = scan_marker()
+        parts = sorted(self._owned)
+        written = await asyncio.gather(*(deliver(self._producer, HALTED_URLS_TOPIC, self._marker, None, partition)
+                                         for _, partition in parts))
+        self._scanning = {tp for tp, ok in zip(parts, written, strict=True) if ok}
         self._handed_in_scan = 0
-        await self._feed.resume(list(self._scan_ends))
+        await self._feed.resume(sorted(self._scanning))
 
     async def _scan(self, records: list[Record], halted: frozenset[str]) -> None:
-        """Place the records read before each partition's scan end; end the scans that got there.
+        """Place the records read before each partition's marker; end the scans that reached it.
 
-        A record at or past its partition's end was written after the scan began (by this
-        line, or by a scheduler parking a URL): the partition is sought back to it and
-        paused, so the next scan starts there. A partition whose committed position was at
-        its end already yields nothing: the scan ends once polls come back empty.
+        A record past the marker was written after the scan began (by this line, or by a
+        scheduler parking a URL): its partition is sought back to it and paused, so the
+        next scan starts there; so is a record read from a partition not being scanned
+        (read before its pause took effect).
         """
-        stray: dict[TP, int] = {}  # read before its pause took effect: read again in a scan
+        placed: list[Record] = []
+        positions: dict[TP, int] = {}
+        ends: dict[TP, int] = {}  # partitions whose marker came -> the offset after it
+        stray: dict[TP, int] = {}
         for r in records:
             tp = (r.topic, r.partition)
-            if tp not in self._scan_ends:
-                stray[tp] = min(stray.get(tp, r.offset), r.offset)
+            if tp not in self._scanning or tp in ends:
+                if tp in self._owned and tp not in ends:
+                    stray[tp] = min(stray.get(tp, r.offset), r.offset)
+                continue
+            positions[tp] = r.offset + 1
+            if r.value == self._marker:
+                ends[tp] = r.offset + 1
+            elif not is_scan_marker(r.value):  # an earlier scan's (or owner's) marker is passed over
+                placed.append(r)
         if stray:
-            await self._feed.seek({tp: offset for tp, offset in stray.items() if tp in self._owned})
-        if not self._scan_ends:
-            return
-        within = [r for r in records if r.offset < self._scan_ends.get((r.topic, r.partition), -1)]
-        await asyncio.gather(*(self._place(record, halted) for record in within))
-        positions: dict[TP, int] = {}
-        for record in within:
-            tp = (record.topic, record.partition)
-            positions[tp] = max(positions.get(tp, 0), record.offset + 1)
+            await self._feed.seek(stray)
+        await asyncio.gather(*(self._place(record, halted) for record in placed))
         if positions:
             await self._feed.commit(positions)
-        # Seek back to each finished partition's end: a record past it was consumed, not placed.
-        finished = {(r.topic, r.partition): self._scan_ends[(r.topic, r.partition)] for r in records
-                    if r.offset + 1 >= self._scan_ends.get((r.topic, r.partition), r.offset + 2)}
-        self._empty_polls = 0 if records else self._empty_polls + 1
-        quiet: set[TP] = set()
-        if self._empty_polls >= 3:
-            # Quiet only where the consumer stands at the end already: right after an assignment
-            # the first fetch can take seconds on tansu, and a partition paused then would keep
-            # its URLs until the next scan (after a SIGKILL, 126 of 2,000 waited for it).
-            waiting = sorted(set(self._scan_ends) - set(finished))
-            stands = await self._feed.positions(waiting) if waiting else {}
-            quiet = {tp for tp in waiting if stands.get(tp, -1) >= self._scan_ends[tp]}
-        if finished or quiet:
-            await self._feed.pause(sorted(set(finished) | quiet))
-            await self._feed.seek(finished)
-            for tp in set(finished) | quiet:
-                self._scan_ends.pop(tp, None)
-            if not self._scan_ends and self._handed_in_scan:
-                # Another round at once: an end the broker reported may lag behind its log (tansu's
-                # does), and what lies past it would otherwise wait for the next trigger. A round
-                # that hands nothing back ends them; it costs the still-halted URLs one more pass.
-                self._next_scan = 0.0
+        if ends:
+            await self._end_scan(set(ends), ends)
+
+    async def _end_scan(self, parts: set[TP], seek_to: dict[TP, int]) -> None:
+        await self._feed.pause(sorted(parts))
+        await self._feed.seek(seek_to)
+        self._scanning -= parts
+        if self._scanning:
+            return
+        if self._handed_in_scan:
+            # Another round at once: a URL of a source that resumed may have been parked here
+            # while this one ran (by a worker that had not seen the resume yet).
+            self._next_scan = 0.0
+        elif self._clock() < self._resumed_at + HALTED_RESUME_GRACE_SECONDS:
+            # Other workers see a resume up to a refresh later, and park its URLs here meanwhile,
+            # after this line's scan may have ended: scans go on for a while after a resume.
+            self._next_scan = min(self._next_scan, self._clock() + HALTED_RESUME_RESCAN_SECONDS)
 
     async def _place(self, record: Record, halted: frozenset[str]) -> None:
         try:

@@ -1,10 +1,19 @@
 """The wait line: hands waiting URLs back to ``urls`` once due (see ``worker.waiting``,
-which writes them)."""
+which writes them).
+
+A partition of a wait topic mixes sources whose turns come in a different order
+than they were written (a 30 s turn ends early at its URL's time), so the line
+holds up to WAIT_HELD_PER_PARTITION records of each partition and hands over
+whichever is due, not only the first: a URL due later never holds back one due
+sooner behind it (issue 26). Each partition's commit stays at its lowest record
+not yet handed over (at-least-once); a partition holding its bound is paused
+until half of it has gone.
+"""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
-from collections import deque
 from collections.abc import Callable
 
 from common.contracts import (CRAWL_ERRORS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMessage,
@@ -12,8 +21,9 @@ from common.contracts import (CRAWL_ERRORS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, WA
 from common.protocols import MessageProducer
 from common.statuses import Status
 from worker import metrics
-from worker.constants import POLL_BATCH, WAIT_POLL_SECONDS
+from worker.constants import POLL_BATCH, WAIT_HELD_PER_PARTITION, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
+from worker.offsets import PartitionOffsets
 from worker.waiting import hand_back, wait_message, wait_times
 from worker.task import deliver
 
@@ -25,7 +35,8 @@ class WaitLine:
         self._producer = producer
         self._url_partitions = url_partitions
         self._clock = clock
-        self._held: dict[TP, deque[Record]] = {}
+        self._held: dict[TP, list[tuple[float, int, Record]]] = {}  # heaps by (due, offset)
+        self._offsets: dict[TP, PartitionOffsets] = {}
         self._paused: set[TP] = set()
         self._stopping = asyncio.Event()
 
@@ -38,30 +49,38 @@ class WaitLine:
             batch = await self._feed.poll(POLL_BATCH, WAIT_POLL_SECONDS)
             for tp in batch.revoked:  # another worker's now: it reads them again from the commit
                 self._held.pop(tp, None)
+                self._offsets.pop(tp, None)
                 self._paused.discard(tp)
             self._paused.difference_update(batch.assigned)
             for record in batch.records:
-                self._held.setdefault((record.topic, record.partition), deque()).append(record)
+                tp = (record.topic, record.partition)
+                offsets = self._offsets.setdefault(tp, PartitionOffsets())
+                if record.offset in offsets:
+                    continue  # read again while held (a seek, a pause's refetch)
+                offsets.add(record.offset)
+                heapq.heappush(self._held.setdefault(tp, []), (wait_times(record.value)[0], record.offset, record))
             await self._hand_over_due()
 
     async def _hand_over_due(self) -> None:
         now = self._clock()
         due: list[Record] = []
-        positions: dict[TP, int] = {}
-        for tp, queue in self._held.items():
-            while queue and wait_times(queue[0].value)[0] <= now:
-                record = queue.popleft()
-                due.append(record)
-                positions[tp] = record.offset + 1
+        for heap in self._held.values():
+            while heap and heap[0][0] <= now:
+                due.append(heapq.heappop(heap)[2])
         await asyncio.gather(*(self._hand_over(record, now) for record in due))
-        waiting = [tp for tp, queue in self._held.items() if queue]
-        await self._feed.pause([tp for tp in waiting if tp not in self._paused])
-        emptied = [tp for tp in self._paused if not self._held.get(tp)]
-        await self._feed.resume(emptied)
-        self._paused.update(waiting)
-        self._paused.difference_update(emptied)
-        if positions:
-            await self._feed.commit(positions)
+        for record in due:
+            self._offsets[(record.topic, record.partition)].finish(record.offset)
+        full = [tp for tp, heap in self._held.items() if len(heap) >= WAIT_HELD_PER_PARTITION]
+        await self._feed.pause([tp for tp in full if tp not in self._paused])
+        self._paused.update(full)
+        freed = [tp for tp in self._paused if len(self._held.get(tp, ())) <= WAIT_HELD_PER_PARTITION // 2]
+        await self._feed.resume(freed)
+        self._paused.difference_update(freed)
+        positions = {tp: position for tp, offsets in self._offsets.items()
+                     if (position := offsets.committable()) is not None}
+        if positions and await self._feed.commit(positions):
+            for tp, position in positions.items():
+                self._offsets[tp].committed = position
 
     async def _hand_over(self, record: Record, now: float) -> None:
         try:
