@@ -4,10 +4,8 @@
 20,000 with ``pytest -m slow``) go into ``urls`` ahead of three other sources' URLs, in the
 same two partitions. The others must crawl at their limits as if it were not
 there (its URLs are parked in ``urls_halted``, not held in the workers); after the
-operator resumes it, every one of its URLs gets its outcome (in the slow run, though a
-worker is SIGKILLed midway: on the final code of issue 26 that run left 84 to 126 of its
-URLs without an outcome within three minutes, a defect not yet found; and a run with
-2,000 URLs and no SIGKILL left 4 waiting: so neither run is in make test yet).
+operator resumes it, every one of its URLs gets its outcome, though a worker is
+SIGKILLed a third of the way.
 """
 from __future__ import annotations
 
@@ -62,11 +60,8 @@ def achieved(times: list[float]) -> float:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
 
-# Both runs are out of make test until the defect above is fixed (issue 26 stays open): run them
-# with `pytest -m slow test/test_e2e_halted.py`.
-@pytest.mark.slow
 @pytest.mark.parametrize("held_urls", [
-    SUITE_HELD_URLS, pytest.param(HELD_URLS, marks=pytest.mark.timeout(900))])
+    SUITE_HELD_URLS, pytest.param(HELD_URLS, marks=[pytest.mark.slow, pytest.mark.timeout(900)])])
 def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
         crawl_env, tmp_path: Path, unique: str, held_urls: int) -> None:  # noqa: F811 - the fixture
     prefix = f"h{unique[:6]}"
@@ -94,10 +89,9 @@ def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
         resumed = time.monotonic()
         assert outcomes.wait(TIMEOUT, fail_if_dead(cluster), until=len(others) + held_urls // 3), \
             outcome_report(outcomes, held_plan)
-        if held_urls == HELD_URLS:  # known defect, see docs/decisions.md: not in make test until fixed
-            victim = next(c for c in cluster.children if c.name == "worker-1")
-            assert victim.stop(signal.SIGKILL) == -signal.SIGKILL
-            cluster.start_worker()  # its replacement, as a supervisor would start it
+        victim = next(c for c in cluster.children if c.name == "worker-1")
+        assert victim.stop(signal.SIGKILL) == -signal.SIGKILL
+        cluster.start_worker()  # its replacement, as a supervisor would start it
         # One worker crawls one source at ~75-90 req/s here (docs/decisions.md): the rest takes a while.
         outcomes.wait(max(TIMEOUT, held_urls / 40), fail_if_dead(cluster))
         back = time.monotonic() - resumed
