@@ -37,11 +37,14 @@ def interleaved(*sources: list[Record]) -> list[Record]:
     return [Record(URLS_TOPIC, 0, offset, r.value) for offset, r in enumerate(r for rs in sources for r in rs)]
 
 
-async def redis_with(sources: dict[str, float]) -> FakeRedis:
+async def redis_with(sources: dict[str, float], judged: bool = True) -> FakeRedis:
+    """Sources granted their rates; ``judged``: with the monitor's adaptive state (past any slow start)."""
     redis = FakeRedis()
     await redis.sadd(INBOUND_SOURCES, *sources)
     for source, rate in sources.items():
         await redis.set(rate_limit_key(source), rate)
+        if judged:
+            redis.store[adaptive_key(source)] = {ADAPTIVE_CEILING_FIELD: str(rate), ADAPTIVE_SLOW_START_FIELD: "0"}
     return redis
 
 
@@ -169,6 +172,7 @@ async def test_a_slow_source_ahead_in_the_partition_holds_back_no_other_source(m
 
     scheduler = make(feed, await redis_with({"slow": 1.0, "fast": 100.0}), handle, producer=producer)
     scheduler.rates.update({"slow": 1.0, "fast": 100.0})  # as a refresh reads them
+    scheduler._paced.update({"slow", "fast"})  # and the monitor's state of them
     started = time.time()
     await run_until(scheduler, lambda: crawled["fast"] == 200 and len(
         [m for topic in WAIT_TOPICS for m in producer.on(topic)]) >= 2000 - 10)
@@ -326,6 +330,47 @@ async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch)
     gaps = [round(b - a, 3) for a, b in zip(waits, waits[1:], strict=False)]
     assert gaps.count(0.05) >= len(gaps) - 1, sorted(gaps)[-5:]  # 1/20 s apart, not 1/2
     assert scheduler._reserved.get("a", 0) >= 2  # slots by its limit too: the tokens keep the rate
+
+
+async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_spaced(monkeypatch) -> None:
+    """A new source is granted a tenth of its limit before its state is saved: spaced by that,
+    8,000 URLs of a 100 req/s source were parked up to 15 minutes ahead and came back at
+    10 req/s (bench.sources). Until its state is read they wait PARK_DEFAULT_SECONDS, all
+    together; once read, they are spaced by its pace."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    feed = FakeFeed(records("new", 300), batch_size=100)
+    redis = await redis_with({"new": 10.0}, judged=False)  # its first grant; no adaptive:new yet
+    producer = FakeProducer()
+
+    async def handle(request: CrawlRequest) -> float:
+        await asyncio.sleep(60)
+        return 0.0
+
+    def parked() -> list[dict]:
+        return [m for t in WAIT_TOPICS for m in producer.on(t)]
+
+    async def until(condition) -> None:
+        async with asyncio.timeout(10):
+            while not condition():
+                await asyncio.sleep(0.01)
+
+    scheduler = make(feed, redis, handle, producer=producer)
+    started = time.time()
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(lambda: len(parked()) >= 200)
+        waits = [m["not_before"] - started for m in parked()]
+        assert all(PARK_DEFAULT_SECONDS <= w < PARK_DEFAULT_SECONDS + 2 for w in waits), (min(waits), max(waits))
+        redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "100.0", ADAPTIVE_SLOW_START_FIELD: "1"}
+        await until(lambda: "new" in scheduler._paced)  # the next refresh reads it
+        feed.records.extend(records("new", 300, first_offset=300))
+        await until(lambda: len(parked()) >= 450)
+    finally:
+        scheduler.stop()
+        await runner
+    later = sorted(m["not_before"] for m in parked()[-100:])
+    gaps = [round(b - a, 3) for a, b in zip(later, later[1:], strict=False)]
+    assert gaps.count(0.01) >= len(gaps) - 1, sorted(gaps)[-5:]  # 1/100 s apart: its limit's pace
 
 
 async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its_limit() -> None:
