@@ -13,7 +13,7 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD,
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker import scheduler as scheduler_module
 from worker.allocation import reserve
-from worker.constants import PARK_DEFAULT_SECONDS, QUEUE_SECONDS
+from worker.constants import PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS
 from worker.feed import Record
 from worker.offsets import PartitionOffsets
 from worker.scheduler import Scheduler
@@ -335,7 +335,7 @@ async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch)
 async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_spaced(monkeypatch) -> None:
     """A new source is granted a tenth of its limit before its state is saved: spaced by that,
     8,000 URLs of a 100 req/s source were parked up to 15 minutes ahead and came back at
-    10 req/s (bench.sources). Until its state is read they wait PARK_DEFAULT_SECONDS, all
+    10 req/s (bench.sources). Until its state is read they wait PARK_UNJUDGED_SECONDS, all
     together; once read, they are spaced by its pace."""
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
     feed = FakeFeed(records("new", 300), batch_size=100)
@@ -360,7 +360,7 @@ async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_
     try:
         await until(lambda: len(parked()) >= 200)
         waits = [m["not_before"] - started for m in parked()]
-        assert all(PARK_DEFAULT_SECONDS <= w < PARK_DEFAULT_SECONDS + 2 for w in waits), (min(waits), max(waits))
+        assert all(PARK_UNJUDGED_SECONDS <= w < PARK_UNJUDGED_SECONDS + 2 for w in waits), (min(waits), max(waits))
         redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "100.0", ADAPTIVE_SLOW_START_FIELD: "1"}
         await until(lambda: "new" in scheduler._paced)  # the next refresh reads it
         feed.records.extend(records("new", 300, first_offset=300))

@@ -112,6 +112,9 @@ WAIT_HELD_PER_PARTITION = 500
 # A parked URL of a source whose rate is unknown or zero (paused by Retry-After, temporarily
 # halted) is tried again this much later.
 PARK_DEFAULT_SECONDS = 30.0
+# A parked URL of a source whose adaptive state the scheduler has not read yet (new: the monitor
+# saves it within a second or two of its first grant) comes back this much later, when its pace is known.
+PARK_UNJUDGED_SECONDS = 5.0
 # The halted line reads urls_halted when a source leaves the halted sets, and at least this
 # often besides (a resume it missed, a URL parked just as its source was resumed).
 HALTED_RESCAN_SECONDS = 600.0

@@ -43,8 +43,9 @@ from worker import metrics
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
                               FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
-                              PARK_DEFAULT_SECONDS, POLL_BATCH, POLL_TIMEOUT, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
-                              QUEUE_UNRATED, REFRESH_INTERVAL, THROUGHPUT_SMOOTHING)
+                              PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, POLL_BATCH, POLL_TIMEOUT,
+                              QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
+                              THROUGHPUT_SMOOTHING)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets
 from worker.task import deliver
@@ -262,11 +263,14 @@ class Scheduler:
             now = self._clock()
             rate = self._pace(source)
             self._parked_lately.add(source)
-            if rate <= 0 or source in self._temp_halted or source not in self._paced:
-                # Spaced at a new source's first grant (a tenth of its limit, before its state
-                # is read), 8,000 URLs of a 100 req/s source were parked up to 15 minutes ahead
-                # and came back at 10 req/s (bench.sources): they come back at once instead.
+            if rate <= 0 or source in self._temp_halted:
                 not_before = now + PARK_DEFAULT_SECONDS
+            elif source not in self._paced:
+                # Spaced at a new source's first grant (a tenth of its limit, before the monitor
+                # has saved its state), 8,000 URLs of a 100 req/s source were parked up to 15
+                # minutes ahead and came back at 10 req/s (bench.sources): they come back
+                # together, soon after its state is known, and are placed by its pace then.
+                not_before = now + PARK_UNJUDGED_SECONDS
             else:
                 ahead = len(self._pending.get(source, ())) / rate
                 not_before = max(self._park_at.get(source, 0.0), now + ahead) + 1.0 / rate
