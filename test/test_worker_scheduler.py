@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import Counter
+from collections import Counter, deque
 
 from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD, HALTED, HALTED_URLS_TOPIC,
                               INBOUND_SOURCES,
@@ -16,7 +16,7 @@ from worker.allocation import reserve
 from worker.constants import PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS
 from worker.feed import Record
 from worker.offsets import PartitionOffsets
-from worker.scheduler import Scheduler
+from worker.scheduler import Job, Scheduler
 from worker.tokens import TokenBuckets
 
 
@@ -380,4 +380,16 @@ async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its
     scheduler.rates["capped"] = 1000.0
     assert scheduler._queue_limit("capped") == int(1000 * QUEUE_SECONDS)  # nothing measured yet
     scheduler._throughput["capped"] = 70.0
+    assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)
+    # What a source achieved while its queue ran dry (its URLs parked for a turn) is what came,
+    # not what it can do: it does not size its queue.
+    scheduler._working_before = {"capped"}
+    scheduler._pending["capped"] = deque([Job(URLS_0, 0, None)])
+    scheduler._last_refresh = 1.0
+    scheduler._ended["capped"] = 10
+    scheduler._ran_dry.add("capped")
+    scheduler._measure_throughput(1.0)
+    assert scheduler._queue_limit("capped") == int(1000 * QUEUE_SECONDS)
+    scheduler._ended["capped"] = 70
+    scheduler._measure_throughput(1.0)
     assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)
