@@ -158,9 +158,29 @@ async def test_after_the_first_check_only_sources_with_recent_outcomes_are_read(
     record(redis, ["500"] * 50, at=T0 + 10)
     reads = []
     original = redis.store.zrangebyscore
-    redis.store.zrangebyscore = lambda key, low, high: reads.append(key) or original(key, low, high)
+    redis.store.zrangebyscore = lambda key, low, high, **kw: reads.append(key) or original(key, low, high, **kw)
     await breaker.check(T0 + 11)
     assert redis.store.smembers(contracts.HALTED) == {"example"}
+    assert reads == [contracts.ACTIVE_SOURCES, contracts.one_minute_window_key("example")]
+
+
+async def test_a_source_with_nothing_new_is_not_judged_again_within_the_clock_slack(redis) -> None:
+    """Checks read ACTIVE_SOURCES_SLACK_SECONDS back for the workers' clocks: at 5,000 new sources
+    every one was judged six times over, 43% of the monitor's loop (bench.sources)."""
+    breaker = CircuitBreaker(redis)
+    await breaker.check(T0)
+    record(redis, ["200"] * 5, at=T0 + 10)
+    reads = []
+    original = redis.store.zrangebyscore
+    redis.store.zrangebyscore = lambda key, low, high, **kw: reads.append(key) or original(key, low, high, **kw)
+    await breaker.check(T0 + 11)
+    assert reads == [contracts.ACTIVE_SOURCES, contracts.one_minute_window_key("example")]
+    reads.clear()
+    await breaker.check(T0 + 12)
+    assert reads == [contracts.ACTIVE_SOURCES]
+    record(redis, ["200"], at=T0 + 12)  # new activity: judged at the next check
+    reads.clear()
+    await breaker.check(T0 + 13)
     assert reads == [contracts.ACTIVE_SOURCES, contracts.one_minute_window_key("example")]
 
 
