@@ -63,6 +63,9 @@ def _analyze(data: bytes, target_resolution: int) -> Analysis:
         # The first frame; a JPEG in draft mode (decoded at a reduced DCT scale).
         image.thumbnail((target_resolution, target_resolution), RESAMPLE,
                         reducing_gap=THUMBNAIL_REDUCING_GAP)
+        # An image already within the target is not decoded by thumbnail(); saved unloaded, it
+        # would be decoded and then copied whole (Image.save's _ensure_mutable): load it here.
+        image.load()
         thumbnail = _encode_jpeg(_to_rgb(image))
     return Analysis(width=width, height=height, compression_quality=quality,
                     exif=exif, thumbnail=thumbnail)
