@@ -61,7 +61,7 @@ def _analyze(data: bytes, target_resolution: int) -> Analysis:
         if image.format in ("JPEG", "MPO"):
             quality = estimate_quality(getattr(image, "quantization", None) or {})
         exif = exif_to_json(image.getexif()) or None
-        # An opaque still WebP: the same pixels from libwebp's plain decoder, in half the CPU.
+        # An opaque still WebP: the same pixels from libwebp's plain decoder, for less CPU.
         pixels: Image.Image = (webp.decoded(data, image) if image.format == "WEBP" else None) or image
         # The first frame; a JPEG in draft mode (decoded at a reduced DCT scale).
         pixels.thumbnail((target_resolution, target_resolution), RESAMPLE,
