@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from test.worker_fakes import exif_jpeg, image_bytes, png_bomb
+from worker import webp
 from worker.imaging import BOMB, UNIDENTIFIED, analyze
 from worker.jpeg_quality import estimate_quality
 from worker.pool import ImagePool
@@ -95,6 +96,48 @@ def test_webp_and_palette_transparency() -> None:
     palette.save(out, "PNG", transparency=0)
     result = analyze(out.getvalue(), TARGET)
     assert all(channel > 245 for channel in thumb(result.thumbnail).getpixel((5, 5)))
+
+
+def webp_photo(size: tuple[int, int], mode: str = "RGB", **save) -> bytes:
+    """A WebP with detail (a plain colour would hide a decoder's differences), EXIF included."""
+    gradient = Image.linear_gradient("L").resize(size)
+    bands = [gradient, gradient.rotate(90), Image.effect_noise(size, 60).convert("L")]
+    image = Image.merge("RGB", bands).convert(mode)
+    exif = Image.Exif()
+    exif[0x010F] = "Maker"
+    out = io.BytesIO()
+    image.save(out, "WEBP", exif=exif, **save)
+    return out.getvalue()
+
+
+@pytest.mark.skipif(not webp.available(), reason="libwebp not found in this process (not Linux?)")
+@pytest.mark.parametrize("size, target", [((300, 200), 640), ((1600, 900), 640), ((640, 640), 640), ((50, 70), 64)])
+def test_a_still_webp_is_decoded_by_libwebp_to_the_same_analysis(monkeypatch, size, target) -> None:
+    """The plain decoder's result is Pillow's, byte for byte: dimensions, EXIF, thumbnail."""
+    for save in ({"quality": 80}, {"lossless": True}):
+        data = webp_photo(size, **save)
+        with Image.open(io.BytesIO(data)) as opened:
+            assert webp.decoded(data, opened) is not None  # the fast path is taken
+        fast = analyze(data, target)
+        with monkeypatch.context() as pillow_only:
+            pillow_only.setattr(webp, "_library", lambda: None)
+            assert analyze(data, target) == fast
+        assert (fast.width, fast.height) == size and fast.exif == {"0x10f": "Maker"}
+
+
+def test_webp_with_alpha_or_frames_is_left_to_pillow() -> None:
+    """Transparency is composited on white and an animation's first frame is taken, as before."""
+    transparent = image_bytes("WEBP", (40, 30), mode="RGBA", color=(0, 0, 0, 0), lossless=True)
+    with Image.open(io.BytesIO(transparent)) as opened:
+        assert webp.decoded(transparent, opened) is None
+    assert all(channel > 245 for channel in thumb(analyze(transparent, TARGET).thumbnail).getpixel((20, 15)))
+    frames = [Image.new("RGB", (40, 30), color) for color in [(255, 0, 0), (0, 0, 255)]]
+    out = io.BytesIO()
+    frames[0].save(out, "WEBP", save_all=True, append_images=frames[1:], duration=100, lossless=True)
+    with Image.open(io.BytesIO(out.getvalue())) as opened:
+        assert webp.decoded(out.getvalue(), opened) is None
+    r, g, b = thumb(analyze(out.getvalue(), TARGET).thumbnail).getpixel((20, 15))
+    assert r > 200 and b < 60
 
 
 def test_sixteen_bit_grayscale_is_scaled_not_clipped() -> None:

@@ -49,11 +49,21 @@ FROZEN = datetime(2026, 11, 21, 12, 34, 56)
 
 
 @pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:8333"], ids=["aws", "s3-compatible"])
-async def test_signed_urls_are_the_clients_own_byte_for_byte(monkeypatch, endpoint: str | None) -> None:
-    """The signer skips the client's pipeline, not its result: same URL at the same instant."""
+@pytest.mark.parametrize("token", [None, "FwoGZXIvYXdzEXAMPLE/+token=="], ids=["keys", "session-token"])
+async def test_signed_urls_are_the_clients_own_byte_for_byte(monkeypatch, endpoint: str | None,
+                                                             token: str | None) -> None:
+    """The signer skips the client's pipeline, not its result: same URL at the same instant.
+    With a session token (the default chain: an instance role, say), the token is signed too."""
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *args, **kwargs: FROZEN)
+    keys = {"aws_access_key_id": "AKIDEXAMPLE", "aws_secret_access_key": "wJalrXUtnFEMI/K7MDENG"}
+    if token is not None:  # taken from the environment, as from any credential provider
+        for name, value in (("AWS_ACCESS_KEY_ID", keys["aws_access_key_id"]),
+                            ("AWS_SECRET_ACCESS_KEY", keys["aws_secret_access_key"]),
+                            ("AWS_SESSION_TOKEN", token)):
+            monkeypatch.setenv(name, value)
+        keys = {}
     settings = Settings(s3_endpoint_url=endpoint or "", s3_bucket="thumbs", aws_default_region="eu-west-3",
-                        aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="wJalrXUtnFEMI/K7MDENG")
+                        **keys)
     signer = await put_signer(settings)
     async with get_session().create_client("s3", config=AioConfig(signature_version="s3v4"),
                                            **settings.s3_client_kwargs()) as client:
@@ -61,6 +71,7 @@ async def test_signed_urls_are_the_clients_own_byte_for_byte(monkeypatch, endpoi
             expected = await client.generate_presigned_url(
                 "put_object", Params={"Bucket": "thumbs", "Key": key, "ContentType": CONTENT_TYPE},
                 ExpiresIn=S3_PRESIGN_SECONDS)
+            assert ("X-Amz-Security-Token=" in expected) is (token is not None)
             assert await signer.url(key) == expected
 
 

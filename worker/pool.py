@@ -7,6 +7,9 @@ images. ``concurrent.futures``' process pool does the same through a manager
 thread and a feeder thread, whose wake-ups cost a quarter of a worker's CPU
 (docs/decisions.md, "Our own process pool").
 
+The pool process runs ``worker.image_process``, which imports little (it starts
+with every worker and again after each crash).
+
 Bodies come in shared memory (``worker.shared_memory``): the download was
 received straight into a segment, and the pool process reads it through
 ``/proc/{worker}/fd/{fd}``; only its path crosses the socket, not megabytes
@@ -26,17 +29,17 @@ import multiprocessing
 import os
 import pickle
 import socket
-import struct
 from collections import deque
 from typing import Any
 from collections.abc import Callable
 
 from common.contracts import EVENT_IMAGE_POOL_BROKEN, EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE
 from common.jsonlog import log_event
-from common.process import die_with_parent
 from common.statuses import Status
 from worker import metrics
 from worker.constants import IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS
+from worker.image_process import (FAILED, LENGTH, UNREADABLE, SegmentUnreadable, analyze_shared,
+                                  serve)
 from worker.imaging import Analysis, analyze
 from worker.shared_memory import Body
 
@@ -45,10 +48,6 @@ CRASHED = Status.IMAGE_WORKER_CRASHED
 
 def default_pool_size() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-class SegmentUnreadable(Exception):
-    """Raised in a pool process that cannot open the worker's segment: send bodies over the socket instead."""
 
 
 class ImagePool:
@@ -84,9 +83,9 @@ class ImagePool:
                     log_event(EVENT_IMAGE_POOL_BROKEN, attempt=attempt, size=size)
                     self._replace(process)
                     continue
-            if outcome == _UNREADABLE:
+            if outcome == UNREADABLE:
                 raise SegmentUnreadable(value)
-            if outcome == _FAILED:
+            if outcome == FAILED:
                 raise RuntimeError(f"image process: {value}")
             return value
         return Analysis(error=CRASHED)
@@ -105,12 +104,10 @@ class ProcessDied(Exception):
     """The pool process exited with images in hand (a decoder crash, the OOM killer)."""
 
 
-_LENGTH = struct.Struct("!Q")
 # Most answers (a thumbnail and a few fields) fit in one read of this size. A larger read
 # buffer costs more than it saves: 1 MiB per read made each answer cost ~3x the CPU to take in,
 # as every read allocated (and paged in) a fresh megabyte.
 _RECEIVE_SIZE = 256 << 10
-_DONE, _UNREADABLE, _FAILED = "done", "unreadable", "failed"
 
 
 class PoolProcess:
@@ -135,7 +132,7 @@ class PoolProcess:
         # spawned child's parent is this process, so it can be told to die with it.
         ours, theirs = socket.socketpair()
         process = multiprocessing.get_context("spawn").Process(
-            target=_serve, args=(theirs, os.getpid()), name="image-process", daemon=True)
+            target=serve, args=(theirs, os.getpid()), name="image-process", daemon=True)
         try:
             process.start()
         finally:
@@ -162,7 +159,7 @@ class PoolProcess:
                 raise ProcessDied("the image process is gone")
             self._answers.append(answer)
             try:
-                await self._loop.sock_sendall(self.sock, _LENGTH.pack(len(request)) + request)
+                await self._loop.sock_sendall(self.sock, LENGTH.pack(len(request)) + request)
             except BaseException as exc:
                 # Cancelled or refused mid-request: the stream is out of step for good.
                 self._fail(ProcessDied(repr(exc)))
@@ -188,14 +185,14 @@ class PoolProcess:
         # Answers are unpickled straight from what was received: no copy of each answer first.
         start = 0
         with memoryview(data) as view:
-            while len(data) - start >= _LENGTH.size:
-                (length,) = _LENGTH.unpack_from(data, start)
-                end = start + _LENGTH.size + length
+            while len(data) - start >= LENGTH.size:
+                (length,) = LENGTH.unpack_from(data, start)
+                end = start + LENGTH.size + length
                 if len(data) < end:
                     break
                 answer = self._answers.popleft()
                 if not answer.done():  # a cancelled caller's answer is dropped
-                    answer.set_result(pickle.loads(view[start + _LENGTH.size:end]))
+                    answer.set_result(pickle.loads(view[start + LENGTH.size:end]))
                 start = end
         if data is self._received:  # answers taken from the front: the rest stays where it is
             del self._received[:start]
@@ -223,47 +220,3 @@ class PoolProcess:
         self.process.join(timeout)
         if self.process.is_alive():
             self.kill()
-
-
-# --- in the pool processes ---------------------------------------------------
-def analyze_shared(path: str, size: int, target_resolution: int) -> Analysis:
-    """``analyze`` on the first ``size`` bytes of the worker's segment at ``path``."""
-    try:
-        with open(path, "rb", buffering=0) as segment:
-            data = segment.read(size)
-    except OSError as exc:
-        raise SegmentUnreadable(repr(exc)) from None
-    if len(data) != size:
-        raise SegmentUnreadable(f"read {len(data)} of {size} bytes")
-    return analyze(data, target_resolution)
-
-
-def _serve(sock: socket.socket, parent_pid: int) -> None:
-    """A pool process: answer requests in order until the worker closes the socket."""
-    die_with_parent(parent_pid)
-    with sock:
-        while True:
-            try:
-                (length,) = _LENGTH.unpack(_receive(sock, _LENGTH.size))
-                function, args = pickle.loads(_receive(sock, length))
-            except EOFError:
-                return
-            try:
-                answer: tuple[str, Any] = (_DONE, function(*args))
-            except SegmentUnreadable as exc:
-                answer = (_UNREADABLE, str(exc))
-            except Exception as exc:  # noqa: BLE001 - analyze never raises for bad input: a bug
-                answer = (_FAILED, repr(exc)[:1000])
-            reply = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-            sock.sendall(_LENGTH.pack(len(reply)) + reply)
-
-
-def _receive(sock: socket.socket, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view, received = memoryview(buffer), 0
-    while received < size:
-        count = sock.recv_into(view[received:])
-        if count == 0:
-            raise EOFError
-        received += count
-    return buffer

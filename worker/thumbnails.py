@@ -7,9 +7,10 @@ event loop's CPU per thumbnail, and the client's ``generate_presigned_url``
 still runs most of it: 0.18-0.22 ms a URL, against 0.07-0.08 ms for the
 signature alone (2,000 URLs, alternating). So the client is asked once, at
 start, where objects live (its endpoint rules decide virtual-hosted or path
-style, AWS or an S3-compatible store), and each upload is then signed by
-botocore's own S3 presigner, ``S3SigV4QueryAuth``, with credentials frozen per
-upload, so that instance-role refreshes apply. A test holds the two URLs equal.
+style, AWS or an S3-compatible store), and each upload is then signed as
+botocore's S3 presigner, ``S3SigV4QueryAuth``, signs (``PutSigner``), with
+credentials frozen per upload, so that instance-role refreshes apply. A test
+holds the two URLs equal.
 
 The URL is sent exactly as it was signed (``yarl.URL(..., encoded=True)``):
 by default yarl re-quotes a URL and resolves its dot segments, so a key with
@@ -23,6 +24,8 @@ an S3-compatible store usually lives.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -34,8 +37,8 @@ import yarl
 from aiobotocore.config import AioConfig
 from aiobotocore.credentials import AioCredentials
 from aiobotocore.session import get_session
-from botocore.auth import S3SigV4QueryAuth
-from botocore.awsrequest import AWSRequest
+import botocore.auth
+from botocore.auth import SIGV4_TIMESTAMP, UNSIGNED_PAYLOAD, _host_from_url
 
 from common.contracts import thumbnail_key
 from common.settings import Settings
@@ -87,7 +90,15 @@ def concerns_the_object(status: int, code: str) -> bool:
 
 
 class PutSigner:
-    """Presigned PUT URLs for keys of one bucket, exactly as the client would make them."""
+    """Presigned PUT URLs for keys of one bucket, exactly as the client would make them.
+
+    Botocore's ``S3SigV4QueryAuth``, written out for the one request shape signed here
+    (a PUT with a ``Content-Type``, no query of its own): what varies per URL is the key,
+    the instant and the credentials, so the host, the canonical headers and, per day and
+    secret, the signing key are made once. Botocore's signer built an ``AWSRequest`` and
+    parsed its URL back several times: ~10% of a worker's event loop in a crawl. A test
+    holds the URLs equal to the client's own, byte for byte, with and without a token.
+    """
 
     def __init__(self, template_url: str, credentials: Any, region: str):
         scheme, netloc, path, _query, _fragment = urlsplit(template_url)
@@ -96,15 +107,42 @@ class PutSigner:
         self._base = (scheme, netloc, path[:-len(_TEMPLATE_KEY)])
         self._credentials = credentials
         self._region = region
+        self._headers = f"content-type:{CONTENT_TYPE}\nhost:{_host_from_url(template_url)}\n"
+        self._signing_key: tuple[str, str, bytes] = ("", "", b"")  # (day, secret, key)
 
     async def url(self, key: str) -> str:
         """The presigned URL, percent-encoded as signed: send it with ``yarl.URL(url, encoded=True)``."""
         scheme, netloc, prefix = self._base
-        request = AWSRequest(method="PUT", url=urlunsplit((scheme, netloc, prefix + quote(key, safe="/~"), "", "")),
-                             headers={"Content-Type": CONTENT_TYPE})
+        path = prefix + quote(key, safe="/~")
         frozen = await self._credentials.get_frozen_credentials()
-        S3SigV4QueryAuth(frozen, "s3", self._region, expires=S3_PRESIGN_SECONDS).add_auth(request)
-        return request.url
+        timestamp = botocore.auth.get_current_datetime().strftime(SIGV4_TIMESTAMP)
+        scope = f"{timestamp[:8]}/{self._region}/s3/aws4_request"
+        query = (f"X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={_encode(f'{frozen.access_key}/{scope}')}"
+                 f"&X-Amz-Date={timestamp}&X-Amz-Expires={S3_PRESIGN_SECONDS}")
+        token = "" if frozen.token is None else f"&X-Amz-Security-Token={_encode(frozen.token)}"
+        # The canonical query is sorted by name: the token comes before SignedHeaders.
+        signed = f"&X-Amz-SignedHeaders={_SIGNED_HEADERS_ENCODED}"
+        canonical = f"PUT\n{path}\n{query}{token}{signed}\n{self._headers}\n{_SIGNED_HEADERS}\n{UNSIGNED_PAYLOAD}"
+        to_sign = f"AWS4-HMAC-SHA256\n{timestamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        signature = hmac.new(self._key(timestamp[:8], frozen.secret_key), to_sign.encode(), hashlib.sha256).hexdigest()
+        return urlunsplit((scheme, netloc, path, f"{query}{signed}{token}&X-Amz-Signature={signature}", ""))
+
+    def _key(self, day: str, secret: str) -> bytes:
+        if self._signing_key[:2] != (day, secret):
+            key = ("AWS4" + secret).encode()
+            for part in (day, self._region, "s3", "aws4_request"):
+                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+            self._signing_key = (day, secret, key)
+        return self._signing_key[2]
+
+
+_SIGNED_HEADERS = "content-type;host"
+_SIGNED_HEADERS_ENCODED = "content-type%3Bhost"  # as a query value
+
+
+def _encode(value: str) -> str:
+    """A query value as botocore's ``percent_encode`` writes it."""
+    return quote(value.encode(), safe="-_.~")
 
 
 class ThumbnailStore(Protocol):
