@@ -393,3 +393,20 @@ async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its
     scheduler._ended["capped"] = 70
     scheduler._measure_throughput(1.0)
     assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)
+
+
+async def test_parked_urls_are_spaced_by_what_their_source_drains_at_here() -> None:
+    """A source held below its pace (a site's connection cap) had parked URLs back faster than it
+    took them, parked again and again: after a SIGKILL 7,873 of 20,000 were crawled twice."""
+    producer = FakeProducer()
+    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
+    scheduler.rates["capped"] = 1000.0
+    scheduler._paced.add("capped")
+    scheduler._throughput["capped"] = 70.0
+    for n in range(3):
+        request = CrawlRequest(f"http://capped.example/{n}.jpg", f"capped-{n}", "capped")
+        scheduler._offsets.setdefault(URLS_0, PartitionOffsets()).add(n)
+        scheduler._park(Job(URLS_0, n, request), "capped")
+    await asyncio.sleep(0.05)
+    waits = sorted(m["not_before"] for m in producer.on(WAIT_TOPICS[0]))
+    assert [round(b - a, 4) for a, b in zip(waits, waits[1:], strict=False)] == [round(1 / 140, 4)] * 2
