@@ -11,10 +11,11 @@ back to ``urls`` once due.
 
 Kafka cannot deliver a message later, so each wait topic holds waits of one
 length (30 s, 5 min, 1 h; a longer wait takes several turns): its messages
-fall due in the order they were written, and a partition whose first
-message is not yet due is paused until it is. Nothing is committed before
-it has been handed on, so a crash or a rebalance repeats a hand-over, never
-loses one; what the line holds in memory is at most one poll's batch.
+fall due about in the order they were written (a 30 s turn ends early at its
+URL's time, so the line holds up to WAIT_HELD_PER_PARTITION records of a
+partition and hands over whichever is due). Nothing is committed before it
+has been handed on, so a crash or a rebalance repeats a hand-over, never
+loses one.
 """
 from __future__ import annotations
 
