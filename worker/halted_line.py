@@ -43,8 +43,11 @@ def scan_marker() -> bytes:
     return json.dumps({SCAN_MARKER_FIELD: uuid.uuid4().hex}).encode()
 
 
+_MARKER_PREFIX = json.dumps({SCAN_MARKER_FIELD: ""}).encode()[:-4]  # b'{"halted_scan":'
+
+
 def is_scan_marker(value: bytes | None) -> bool:
-    return (value or b"").startswith(b'{"' + SCAN_MARKER_FIELD.encode() + b'"')
+    return (value or b"").startswith(_MARKER_PREFIX)
 
 
 class HaltedLine:

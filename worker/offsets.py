@@ -7,6 +7,10 @@ lowest offset still unfinished, or one past the highest seen when none is.
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+from worker.feed import TP
+
 
 class PartitionOffsets:
     def __init__(self) -> None:
@@ -32,3 +36,14 @@ class PartitionOffsets:
         if position is None or (self.committed is not None and position <= self.committed):
             return None
         return position
+
+
+async def commit_finished(commit: Callable[[dict[TP, int]], Awaitable[bool]],
+                          partitions: dict[TP, PartitionOffsets]) -> None:
+    """Commit each partition up to its lowest unfinished offset, where that moved; remember
+    what the broker accepted (a refused commit is retried with the next)."""
+    positions = {tp: position for tp, offsets in partitions.items()
+                 if (position := offsets.committable()) is not None}
+    if positions and await commit(positions):
+        for tp, position in positions.items():
+            partitions[tp].committed = position

@@ -47,7 +47,7 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LAT
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
                               THROUGHPUT_SMOOTHING)
 from worker.feed import TP, Feed, Record
-from worker.offsets import PartitionOffsets
+from worker.offsets import PartitionOffsets, commit_finished
 from worker.task import deliver
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
 from worker.waiting import parked_message, wait_message
@@ -152,12 +152,13 @@ class Scheduler:
                     # Only while it slow-starts is its grant about to climb to its limit; a source
                     # backed off is crawled at its grant, and URLs parked at its limit's pace came
                     # back faster than it drained them (parked again behind all the others).
-                    if _as_rate(limit) is None:  # the monitor has not judged it yet
+                    ceiling = _as_rate(limit)
+                    if ceiling is None:  # the monitor has not judged it yet
                         self._paced.discard(source)
                     else:
                         self._paced.add(source)
-                    if _as_rate(limit) is not None and str(slow_start) == "1":
-                        self._limits[source] = _as_rate(limit) or 0.0
+                    if ceiling is not None and str(slow_start) == "1":
+                        self._limits[source] = ceiling
                     else:
                         self._limits.pop(source, None)
         except Exception as exc:  # noqa: BLE001 - Redis away (any client error): keep the last known state
@@ -461,11 +462,8 @@ class Scheduler:
 
     async def _commit(self) -> None:
         self._next_commit = time.monotonic() + COMMIT_INTERVAL
-        positions = {tp: position for tp, offsets in self._offsets.items()
-                     if tp in self._assigned and (position := offsets.committable()) is not None}
-        if positions and await self._feed.commit(positions):
-            for tp, position in positions.items():
-                self._offsets[tp].committed = position
+        await commit_finished(self._feed.commit,
+                              {tp: offsets for tp, offsets in self._offsets.items() if tp in self._assigned})
 
     async def _drain(self) -> None:
         """Stop taking work, let requests in flight finish (bounded), commit what finished."""

@@ -23,7 +23,7 @@ from common.statuses import Status
 from worker import metrics
 from worker.constants import POLL_BATCH, WAIT_HELD_PER_PARTITION, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
-from worker.offsets import PartitionOffsets
+from worker.offsets import PartitionOffsets, commit_finished
 from worker.waiting import hand_back, wait_message, wait_times
 from worker.task import deliver
 
@@ -76,11 +76,7 @@ class WaitLine:
         freed = [tp for tp in self._paused if len(self._held.get(tp, ())) <= WAIT_HELD_PER_PARTITION // 2]
         await self._feed.resume(freed)
         self._paused.difference_update(freed)
-        positions = {tp: position for tp, offsets in self._offsets.items()
-                     if (position := offsets.committable()) is not None}
-        if positions and await self._feed.commit(positions):
-            for tp, position in positions.items():
-                self._offsets[tp].committed = position
+        await commit_finished(self._feed.commit, self._offsets)
 
     async def _hand_over(self, record: Record, now: float) -> None:
         try:
