@@ -62,15 +62,30 @@ async def take_token(tokens: TokenBuckets, source: str) -> None:
                 return
 
 
+async def until(condition, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
 async def run_until(scheduler: Scheduler, condition, timeout: float = 10.0) -> None:
     runner = asyncio.create_task(scheduler.run())
     try:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                await asyncio.sleep(0.01)
+        await until(condition, timeout)
     finally:
         scheduler.stop()
         await runner
+
+
+async def never_ends(request: CrawlRequest) -> float:
+    """A crawl that outlasts the test: its source keeps what it has queued."""
+    await asyncio.sleep(60)
+    return 0.0
+
+
+def parked(producer: FakeProducer) -> list[dict]:
+    """The messages parked in the wait topics."""
+    return [m for t in WAIT_TOPICS for m in producer.on(t)]
 
 
 def test_reservations_follow_need_and_leave_room_for_floors() -> None:
@@ -257,12 +272,7 @@ async def test_stop_finishes_requests_in_flight_and_abandons_token_waiters(monke
 
 async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
     feed = FakeFeed(records("a", 1))
-
-    async def handle(request: CrawlRequest) -> float:
-        await asyncio.sleep(60)
-        return 0.0
-
-    scheduler = Scheduler(feed, await redis_with({"a": 1.0}), handle, FakeProducer(),
+    scheduler = Scheduler(feed, await redis_with({"a": 1.0}), never_ends, FakeProducer(),
                           TokenBuckets(FakeRedis()), {}, max_tasks=10, shutdown_timeout=0.3)
     runner = asyncio.create_task(scheduler.run())
     await asyncio.sleep(0.2)
@@ -316,17 +326,9 @@ async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch)
     redis = await redis_with({"a": 2.0})  # granted 2 req/s of its 20
     redis.store[adaptive_key("a")] = {ADAPTIVE_CEILING_FIELD: "20.0", ADAPTIVE_SLOW_START_FIELD: "1"}
     producer = FakeProducer()
-
-    async def handle(request: CrawlRequest) -> float:
-        await asyncio.sleep(60)
-        return 0.0
-
-    def parked() -> list[dict]:
-        return [m for t in WAIT_TOPICS for m in producer.on(t)]
-
-    scheduler = make(feed, redis, handle, producer=producer)
-    await run_until(scheduler, lambda: len(parked()) >= 250)
-    waits = sorted(m["not_before"] for m in parked())
+    scheduler = make(feed, redis, never_ends, producer=producer)
+    await run_until(scheduler, lambda: len(parked(producer)) >= 250)
+    waits = sorted(m["not_before"] for m in parked(producer))
     gaps = [round(b - a, 3) for a, b in zip(waits, waits[1:], strict=False)]
     assert gaps.count(0.05) >= len(gaps) - 1, sorted(gaps)[-5:]  # 1/20 s apart, not 1/2
     assert scheduler._reserved.get("a", 0) >= 2  # slots by its limit too: the tokens keep the rate
@@ -341,34 +343,21 @@ async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_
     feed = FakeFeed(records("new", 300), batch_size=100)
     redis = await redis_with({"new": 10.0}, judged=False)  # its first grant; no adaptive:new yet
     producer = FakeProducer()
-
-    async def handle(request: CrawlRequest) -> float:
-        await asyncio.sleep(60)
-        return 0.0
-
-    def parked() -> list[dict]:
-        return [m for t in WAIT_TOPICS for m in producer.on(t)]
-
-    async def until(condition) -> None:
-        async with asyncio.timeout(10):
-            while not condition():
-                await asyncio.sleep(0.01)
-
-    scheduler = make(feed, redis, handle, producer=producer)
+    scheduler = make(feed, redis, never_ends, producer=producer)
     started = time.time()
     runner = asyncio.create_task(scheduler.run())
     try:
-        await until(lambda: len(parked()) >= 200)
-        waits = [m["not_before"] - started for m in parked()]
+        await until(lambda: len(parked(producer)) >= 200)
+        waits = [m["not_before"] - started for m in parked(producer)]
         assert all(PARK_UNJUDGED_SECONDS <= w < PARK_UNJUDGED_SECONDS + 2 for w in waits), (min(waits), max(waits))
         redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "100.0", ADAPTIVE_SLOW_START_FIELD: "1"}
         await until(lambda: "new" in scheduler._paced)  # the next refresh reads it
         feed.records.extend(records("new", 300, first_offset=300))
-        await until(lambda: len(parked()) >= 450)
+        await until(lambda: len(parked(producer)) >= 450)
     finally:
         scheduler.stop()
         await runner
-    later = sorted(m["not_before"] for m in parked()[-100:])
+    later = sorted(m["not_before"] for m in parked(producer)[-100:])
     gaps = [round(b - a, 3) for a, b in zip(later, later[1:], strict=False)]
     assert gaps.count(0.01) >= len(gaps) - 1, sorted(gaps)[-5:]  # 1/100 s apart: its limit's pace
 
