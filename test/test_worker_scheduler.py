@@ -13,7 +13,7 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD,
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker import scheduler as scheduler_module
 from worker.allocation import reserve
-from worker.constants import PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS
+from worker.constants import PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS
 from worker.feed import Record
 from worker.offsets import PartitionOffsets
 from worker.scheduler import Job, Scheduler
@@ -399,3 +399,28 @@ async def test_parked_urls_are_spaced_by_what_their_source_drains_at_here() -> N
     await asyncio.sleep(0.05)
     waits = sorted(m["not_before"] for m in producer.on(WAIT_TOPICS[0]))
     assert [round(b - a, 4) for a, b in zip(waits, waits[1:], strict=False)] == [round(1 / 140, 4)] * 2
+
+
+async def test_what_a_source_achieved_places_its_urls_one_turn_ahead_at_most() -> None:
+    """Spaced by what a 100 req/s source achieved while 5,000 new sources took the CPU, its 9,000
+    URLs were placed 12 minutes ahead and came back at 12.5 req/s long after the load had gone
+    (bench.sources): beyond one turn they come back then, to be placed by what it achieves then."""
+    producer = FakeProducer()
+    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
+    scheduler.rates["fast"] = 100.0
+    scheduler._paced.add("fast")
+    scheduler._throughput["fast"] = 3.0  # drains at 6 req/s here, by its last measure
+    started = time.time()
+    for n in range(400):
+        request = CrawlRequest(f"http://fast.example/{n}.jpg", f"fast-{n}", "fast")
+        scheduler._offsets.setdefault(URLS_0, PartitionOffsets()).add(n)
+        scheduler._park(Job(URLS_0, n, request), "fast")
+    await asyncio.sleep(0.05)
+    waits = sorted(m["not_before"] for m in producer.on(WAIT_TOPICS[0]))
+    assert len(waits) == 400 and max(waits) <= time.time() + PARK_TRUST_SECONDS
+    spaced = [w for w in waits if w < started + PARK_TRUST_SECONDS - 0.1]
+    assert len(spaced) == int(PARK_TRUST_SECONDS * 6) - 1  # 1/6 s apart for one turn, the rest at its end
+    # Idle here (nothing queued or running at a refresh), what it achieved is history: its pace counts again.
+    scheduler._last_refresh = 1.0
+    scheduler._measure_throughput(1.0)
+    assert scheduler._drain_rate("fast") == 100.0

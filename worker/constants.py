@@ -115,6 +115,10 @@ PARK_DEFAULT_SECONDS = 30.0
 # A parked URL of a source whose adaptive state the scheduler has not read yet (new: the monitor
 # saves it within a second or two of its first grant) comes back this much later, when its pace is known.
 PARK_UNJUDGED_SECONDS = 5.0
+# How far ahead a source held below its pace here (what it achieved, not its grant) has its URLs
+# placed: what it achieved in the last seconds says little about minutes ahead. Further URLs come
+# back after this and are placed again by what it achieves then (one turn of the shortest line).
+PARK_TRUST_SECONDS = WAIT_TIER_SECONDS[0]
 # The halted line reads urls_halted when a source leaves the halted sets, and at least this
 # often besides (a resume it missed, a URL parked just as its source was resumed).
 HALTED_RESCAN_SECONDS = 600.0
