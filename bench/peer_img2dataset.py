@@ -21,6 +21,7 @@ img2dataset does without, are shown apart, read from /proc.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import resource
@@ -170,11 +171,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--urls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=1, help="alternate the two this many times")
+    parser.add_argument("--keep", type=Path, help="run in this folder and keep its logs (default: a temporary one)")
     args = parser.parse_args()
     ensure_peer()
     specs, plan = build_web(args.urls)
-    with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
+    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         work = Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         results = []
         for round_ in range(args.rounds):  # alternating, so a noisy neighbour hits both alike
             folder = work / str(round_)

@@ -1,120 +1,28 @@
 """``python -m worker``: one crawl worker; run any number on any number of machines.
 
 With ``WORKER_METRICS_PORT`` set it serves ``/metrics`` (``worker.metrics``).
-
-SIGTERM (or Ctrl-C) stops taking work, lets requests in flight finish
-within SHUTDOWN_TIMEOUT, commits what finished and exits 0; whatever did
-not finish is re-delivered to the next worker.
+The worker joins its consumer group first and loads the rest meanwhile
+(``worker.joining``); ``worker.service`` wires and runs it.
 """
 from __future__ import annotations
 
 import asyncio
 import resource
-import signal
 
-import aiohttp
-
-from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOPPED
-from common.contracts import (EVENT_TASK_CRASHED, HALTED_GROUP, HALTED_URLS_TOPIC, URLS_TOPIC,
-                              WAIT_GROUP, WAIT_TOPIC_PARTITIONS, WAIT_TOPICS, WORKER_GROUP)
-from common.jsonlog import log_event
-from common.redis_client import bounded_redis
-from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, ensure_topics, producer_config
-from common.settings import Settings, load_settings
-from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS
-from worker.feed import KafkaFeed
-from worker.fetch import Fetcher
+from common.settings import load_settings
 from worker import metrics
-from worker.http_client import HttpClient
-from worker.politeness.addresses import GuardedResolver, build_connector
-from worker.politeness.gate import build_gate
-from worker.pool import ImagePool
-from worker.halted_line import HaltedLine
-from worker.wait_line import WaitLine
-from worker.scheduler import Scheduler
-from worker.stats import Stats
-from worker.task import ImageTask, persist
-from worker.thumbnails import s3_thumbnails
-from worker.tokens import TokenBuckets
+from worker.joining import start_joining
 
 
-async def run(settings: Settings) -> None:
+def main() -> None:
+    settings = load_settings()
+    _raise_open_files_limit()
     # First: a port that cannot be had stops the worker before it joins the group.
     metrics_server = (metrics.MetricsServer(settings.worker_metrics_port)
                       if settings.worker_metrics_port is not None else None)
-    redis = bounded_redis(settings.redis_url, REDIS_MAX_CONNECTIONS)
-    producer = AsyncProducer(producer_config(settings.kafka_hosts))
-    consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
-    # URLs waiting in Kafka come back through consumers of their own (worker.waiting, worker.halted_line).
-    wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
-    halted_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, HALTED_GROUP, **CONSUMER_EXTRA_CONFIG))
-    pool = ImagePool()
-    connector = build_connector(settings, limit=settings.max_tasks,
-                                limit_per_host=settings.crawl_per_host_connections)
-    # aiohttp for robots.txt; images through our own client, straight into shared memory.
-    session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                                    headers={"User-Agent": settings.crawl_user_agent})
-    images = HttpClient(settings.crawl_user_agent,
-                        resolver=None if settings.crawl_allow_private_networks else GuardedResolver())
-    try:
-        async with s3_thumbnails(settings) as thumbnails:
-            rates: dict[str, float] = {}
-            tokens = TokenBuckets(redis, rate_of=rates.get)
-            fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes,
-                              body_budget=settings.body_budget_bytes)
-            task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
-            scheduler = Scheduler(KafkaFeed(consumer, WORKER_GROUP), redis, task.process, producer, tokens, rates,
-                                  settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)
-            # Every topic this worker reads, so that a worker started before the monitor subscribes
-            # to topics that exist (librdkafka would look for a missing one again only minutes later).
-            await persist("kafka_create_topics", lambda: asyncio.to_thread(_ensure_topics, settings))
-            lines: list[WaitLine | HaltedLine] = [
-                WaitLine(KafkaFeed(wait_consumer, WAIT_GROUP), producer, settings.url_partitions),
-                HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, lambda: scheduler.halted,
-                           settings.url_partitions)]
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, scheduler.stop)
-            log_event(EVENT_WORKER_STARTED, max_tasks=settings.max_tasks, processes=pool.processes)
-            running = [asyncio.create_task(line.run()) for line in lines]
-            metrics.BODY_BUDGET.set(settings.body_budget_bytes)
-            sampling = asyncio.create_task(metrics.sample_forever(scheduler.load, fetcher.body_bytes_held))
-            # A line that died would leave its URLs uncommitted until this worker stops: stop
-            # it now, so its supervisor restarts it and they come back.
-            for line_task in running:
-                line_task.add_done_callback(lambda done: None if done.cancelled() or done.exception() is None
-                                            else scheduler.stop())
-            try:
-                await scheduler.run()
-            finally:
-                sampling.cancel()
-                for line in lines:
-                    line.stop()
-                for line_task in running:
-                    try:
-                        await asyncio.wait_for(line_task, settings.shutdown_timeout)
-                    except TimeoutError:
-                        pass  # cancelled mid-poll: what it had not handed on is read again from the commit
-                    except Exception as exc:
-                        log_event(EVENT_TASK_CRASHED, topic="wait_line", error=repr(exc)[:500])
-                        raise  # exit non-zero: a bug, for the supervisor and the operator to see
-    finally:
-        undelivered = await producer.close(settings.shutdown_timeout)
-        await wait_consumer.close(leave_group=settings.kafka_leave_group)
-        await halted_consumer.close(leave_group=settings.kafka_leave_group)
-        await consumer.close(leave_group=settings.kafka_leave_group)
-        await images.close()
-        await session.close()
-        await redis.aclose()
-        pool.close()
-        if metrics_server is not None:
-            metrics_server.close()
-        log_event(EVENT_WORKER_STOPPED, undelivered=undelivered)
-
-
-def _ensure_topics(settings: Settings) -> None:
-    ensure_topics(settings.kafka_hosts, [URLS_TOPIC], settings.url_partitions)
-    ensure_topics(settings.kafka_hosts, [*WAIT_TOPICS, HALTED_URLS_TOPIC], WAIT_TOPIC_PARTITIONS)
+    joining = start_joining(settings)
+    from worker.service import run  # the image, HTTP and S3 libraries load while the group forms
+    asyncio.run(run(settings, metrics_server, joining))
 
 
 def _raise_open_files_limit() -> None:
@@ -124,12 +32,6 @@ def _raise_open_files_limit() -> None:
     wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
     if soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-
-
-def main() -> None:
-    settings = load_settings()
-    _raise_open_files_limit()
-    asyncio.run(run(settings))
 
 
 if __name__ == "__main__":

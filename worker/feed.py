@@ -87,9 +87,14 @@ class KafkaFeed:
         self._events: deque[tuple[str, list[TP]]] = deque()  # appended on the consumer thread
         self._rebalance: dict[str, float] = {}  # written on the consumer thread, read after consume
         self._revoked_at: float | None = None
-        self._subscribed = False
+        self._subscribed: list[str] | None = None  # the topics
 
     async def subscribe(self, topics: list[str]) -> None:
+        """Subscribe to ``topics``; again to the same ones, nothing (it would rejoin the group):
+        the worker subscribes before it has loaded (``worker.joining``), the scheduler when it runs."""
+        if self._subscribed == topics:
+            return
+
         def note(kind: str, parts: list[TopicPartition]) -> None:
             self._events.append((kind, [(p.topic, p.partition) for p in parts]))
 
@@ -118,10 +123,10 @@ class KafkaFeed:
                 self._revoked_at = None
         metrics.REBALANCE.joined(self._group)
         await self._consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
-        self._subscribed = True
+        self._subscribed = list(topics)
 
     async def poll(self, max_records: int, timeout: float) -> Batch:
-        if not self._subscribed:
+        if self._subscribed is None:
             await asyncio.sleep(timeout)
             return Batch()
         messages = await self._consumer.consume(max_records, timeout)
