@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import json
 import socket
@@ -19,7 +20,7 @@ from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver
 from common.contracts import allowed_per_second
 from demo.simweb import busiest_second
-from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_PEEK_INTERVAL
+from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_PEEK_INTERVAL, TOKEN_TURN_RATE
 from worker.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 
 SOURCE = "example"
@@ -189,6 +190,20 @@ async def test_no_token_no_request_and_waiters_do_not_busy_loop(server, http) ->
     await asyncio.gather(*waiters, return_exceptions=True)
 
 
+async def test_a_fast_source_waits_in_several_turns_a_slow_one_in_one() -> None:
+    """A turn passes a token only every few rounds of the event loop: one turn of a busy worker
+    served 25-45 tokens a second, and a 100 req/s source got 30-53% of its limit beside 5,000
+    slow ones (bench.sources). So a source has a turn per TOKEN_TURN_RATE req/s, handed in rotation."""
+    rates = {"fast": 100.0, "slow": 0.5}
+    tokens = TokenBuckets(FakeRedis(), rate_of=rates.get)
+    fast = {id(tokens.turn("fast")) for _ in range(20)}
+    assert len(fast) == math.ceil(100.0 / TOKEN_TURN_RATE)
+    assert len({id(tokens.turn("slow")) for _ in range(20)}) == 1
+    held = [tokens.turn("fast") for _ in range(len(fast))]
+    for turn in held:  # as many tasks wait for the fast source's tokens at once
+        await asyncio.wait_for(turn.acquire(), 0.1)
+
+
 async def test_waiting_sources_peek_at_their_buckets_together() -> None:
     """Issue 20: a GET per waiting source per poll was 20,000 round trips a second at 5,000
     slow sources; their peeks share MGETs, one at a time, so the round trips do not grow with them."""
@@ -284,7 +299,7 @@ async def send_for_a_second(tokens: TokenBuckets, sends: list[float], source: st
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 1.0
     while loop.time() < deadline:
-        async with tokens.one_at_a_time(source):
+        async with tokens.turn(source):
             await tokens.until_available(source)
             if await tokens.take(source):
                 sends.append(loop.time())
@@ -491,11 +506,11 @@ async def test_a_waiting_source_is_marked_active_and_idle_ones_are_forgotten(mon
     assert await tokens.take("new")  # its rate read from Redis: paced from the first request
     assert redis.store[sent_log_key("new")]
     for n in range(1_000):
-        async with tokens.one_at_a_time(f"s{n}"):
+        async with tokens.turn(f"s{n}"):
             await redis.set(tokens_key(f"s{n}"), 1)
             await tokens.take(f"s{n}")
     later = time.monotonic() + 2 * TOKENS_FORGET_SECONDS + 1
     monkeypatch.setattr(tokens_module.time, "monotonic", lambda: later)
-    tokens.one_at_a_time("busy")
+    tokens.turn("busy")
     monkeypatch.undo()  # time.monotonic is the event loop's clock too
     assert set(tokens._locks) == {"busy"} and not tokens._next_send and not tokens._last_rate

@@ -55,7 +55,7 @@ def make(feed, redis, handle, max_tasks=50, producer=None, max_queued=10_000) ->
 
 async def take_token(tokens: TokenBuckets, source: str) -> None:
     """What the fetcher does around its host slot, without the slot."""
-    async with tokens.one_at_a_time(source):
+    async with tokens.turn(source):
         while True:
             await tokens.until_available(source)
             if await tokens.take(source):

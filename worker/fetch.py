@@ -111,7 +111,7 @@ class Fetcher:
         late by the connect time, bunched with requests sent on kept-alive connections."""
         waited = 0.0
         failed: Exception | None = None  # a connect that failed still costs a token: SYNs are traffic
-        turn = _Turn(self._tokens.one_at_a_time(source))
+        turn = _Turn(self._tokens.turn(source))
         try:
             while True:
                 await turn.take()  # never while holding a host slot: its holder may be waiting for one
@@ -167,7 +167,7 @@ class Fetcher:
 
 
 class _Turn:
-    """The source's turn to wait for a token (``TokenBuckets.one_at_a_time``), and whether
+    """The source's turn to wait for a token (``TokenBuckets.turn``), and whether
     this task holds it, so it can be given up during a connect and never released twice."""
 
     def __init__(self, lock: asyncio.Lock):

@@ -8,10 +8,13 @@ site in a burst with later ones.
 So waiting is split in two: ``until_available`` peeks (no token spent)
 until the bucket has something, then ``take`` spends one inside the slot.
 
-Only one task per source waits at a time (``one_at_a_time``), polling at an
-interval that follows the source's rate: hundreds of tasks of a slow source
+A source's tasks wait in turns (``turn``), one task at a time per turn, polling
+at an interval that follows the source's rate: hundreds of tasks of a slow source
 cost one peek every few hundred milliseconds, not hundreds; and the peeks of
-all sources go to Redis together, one MGET at a time.
+all sources go to Redis together, one MGET at a time. A slow source has one
+turn; a fast one a turn per TOKEN_TURN_RATE req/s, since a turn passes a token
+only every few rounds of a busy event loop. The script is atomic: turns spare
+Redis polls, they guarantee nothing to the site.
 
 Requests are also spaced across the cluster: a bucket refilled once a
 second lets one second's tokens go at its end and the next second's at the
@@ -50,6 +53,7 @@ minute): many mean a worker short of CPU, whose sources get less than their rate
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -63,7 +67,7 @@ from common.redis_values import non_negative
 from worker.constants import (ACTIVE_HEARTBEAT_SECONDS, ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS,
                               PACE_CATCH_UP_SECONDS, SEND_LOG_MAX, TOKENS_FORGET_SECONDS,
                               SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS, TOKEN_ANSWER_SMOOTHING,
-                              TOKEN_PEEK_INTERVAL, TOKEN_POLL_MAX, TOKEN_POLL_MIN)
+                              TOKEN_PEEK_INTERVAL, TOKEN_POLL_MAX, TOKEN_POLL_MIN, TOKEN_TURN_RATE)
 
 
 class ShuttingDown(Exception):
@@ -149,7 +153,8 @@ class TokenBuckets:
         self._paced_decr = redis.register_script(PACED_DECR)
         self._rate_of = rate_of
         self._last_rate: dict[str, float] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, list[asyncio.Lock]] = {}  # source -> its turns
+        self._next_turn: dict[str, int] = {}  # source -> the turn handed out last
         self._closed = False
         self._sleepers: set[asyncio.Future] = set()
         self._halted: set[str] = set()
@@ -167,10 +172,16 @@ class TokenBuckets:
         self._next_forget = 0.0
         self._next_mark_prune = 0.0
 
-    def one_at_a_time(self, source: str) -> asyncio.Lock:
-        """Held while a task waits for its token, so a source has one poller at a time."""
+    def turn(self, source: str) -> asyncio.Lock:
+        """A turn of ``source``, held while a task waits for its token: one poller per turn, and
+        one turn per TOKEN_TURN_RATE req/s of its rate (as known now), taken in rotation."""
         self._forget_idle()
-        return self._locks.setdefault(source, asyncio.Lock())
+        turns = self._locks.setdefault(source, [])
+        wanted = max(1, math.ceil((self._pacing_rate(source) or 0.0) / TOKEN_TURN_RATE))
+        while len(turns) < wanted:
+            turns.append(asyncio.Lock())
+        self._next_turn[source] = (self._next_turn.get(source, -1) + 1) % wanted
+        return turns[self._next_turn[source]]
 
     def _forget_idle(self) -> None:
         """Drop what is kept for sources no task has waited for lately: a worker crawling
@@ -182,11 +193,11 @@ class TokenBuckets:
             return
         self._next_forget = now + TOKENS_FORGET_SECONDS
         idle = [source for source in set(self._locks) | set(self._next_send) | set(self._last_rate)
-                if not (source in self._locks and self._locks[source].locked())
+                if not any(turn.locked() for turn in self._locks.get(source, ()))
                 and self._next_send.get(source, 0.0) < now - TOKENS_FORGET_SECONDS
                 and self._used_at.get(source, 0.0) < now - TOKENS_FORGET_SECONDS]
         for source in idle:
-            for kept in (self._locks, self._next_send, self._last_rate, self._used_at):
+            for kept in (self._locks, self._next_turn, self._next_send, self._last_rate, self._used_at):
                 kept.pop(source, None)
             self._stocked.discard(source)
 
