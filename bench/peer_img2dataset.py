@@ -175,7 +175,8 @@ def main() -> None:
     args = parser.parse_args()
     ensure_peer()
     specs, plan = build_web(args.urls)
-    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
+    kept = contextlib.nullcontext(str(args.keep)) if args.keep else None
+    with kept or tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         work = Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         results = []
