@@ -513,4 +513,4 @@ async def test_a_waiting_source_is_marked_active_and_idle_ones_are_forgotten(mon
     monkeypatch.setattr(tokens_module.time, "monotonic", lambda: later)
     tokens.turn("busy")
     monkeypatch.undo()  # time.monotonic is the event loop's clock too
-    assert set(tokens._locks) == {"busy"} and not tokens._next_send and not tokens._last_rate
+    assert set(tokens._turns) == {"busy"} and not tokens._next_send and not tokens._last_rate

@@ -384,20 +384,26 @@ async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its
     assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)
 
 
+async def parked_below_pace(source: str, pace: float, achieved: float, urls: int) -> tuple[Scheduler, list[float]]:
+    """A judged source granted ``pace`` that achieved ``achieved`` req/s here, with ``urls`` of
+    its URLs parked: the scheduler, and the not_before of each, in order."""
+    producer = FakeProducer()
+    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
+    scheduler.rates[source] = pace
+    scheduler._paced.add(source)
+    scheduler._throughput[source] = achieved
+    for n in range(urls):
+        request = CrawlRequest(f"http://{source}.example/{n}.jpg", f"{source}-{n}", source)
+        scheduler._offsets.setdefault(URLS_0, PartitionOffsets()).add(n)
+        scheduler._park(Job(URLS_0, n, request), source)
+    await asyncio.sleep(0.05)
+    return scheduler, sorted(m["not_before"] for m in producer.on(WAIT_TOPICS[0]))
+
+
 async def test_parked_urls_are_spaced_by_what_their_source_drains_at_here() -> None:
     """A source held below its pace (a site's connection cap) had parked URLs back faster than it
     took them, parked again and again: after a SIGKILL 7,873 of 20,000 were crawled twice."""
-    producer = FakeProducer()
-    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
-    scheduler.rates["capped"] = 1000.0
-    scheduler._paced.add("capped")
-    scheduler._throughput["capped"] = 70.0
-    for n in range(3):
-        request = CrawlRequest(f"http://capped.example/{n}.jpg", f"capped-{n}", "capped")
-        scheduler._offsets.setdefault(URLS_0, PartitionOffsets()).add(n)
-        scheduler._park(Job(URLS_0, n, request), "capped")
-    await asyncio.sleep(0.05)
-    waits = sorted(m["not_before"] for m in producer.on(WAIT_TOPICS[0]))
+    _, waits = await parked_below_pace("capped", pace=1000.0, achieved=70.0, urls=3)
     assert [round(b - a, 4) for a, b in zip(waits, waits[1:], strict=False)] == [round(1 / 140, 4)] * 2
 
 
@@ -405,18 +411,8 @@ async def test_what_a_source_achieved_places_its_urls_one_turn_ahead_at_most() -
     """Spaced by what a 100 req/s source achieved while 5,000 new sources took the CPU, its 9,000
     URLs were placed 12 minutes ahead and came back at 12.5 req/s long after the load had gone
     (bench.sources): beyond one turn they come back then, to be placed by what it achieves then."""
-    producer = FakeProducer()
-    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
-    scheduler.rates["fast"] = 100.0
-    scheduler._paced.add("fast")
-    scheduler._throughput["fast"] = 3.0  # drains at 6 req/s here, by its last measure
     started = time.time()
-    for n in range(400):
-        request = CrawlRequest(f"http://fast.example/{n}.jpg", f"fast-{n}", "fast")
-        scheduler._offsets.setdefault(URLS_0, PartitionOffsets()).add(n)
-        scheduler._park(Job(URLS_0, n, request), "fast")
-    await asyncio.sleep(0.05)
-    waits = sorted(m["not_before"] for m in producer.on(WAIT_TOPICS[0]))
+    scheduler, waits = await parked_below_pace("fast", pace=100.0, achieved=3.0, urls=400)  # drains at 6 req/s
     assert len(waits) == 400 and max(waits) <= time.time() + PARK_TRUST_SECONDS
     spaced = [w for w in waits if w < started + PARK_TRUST_SECONDS - 0.1]
     assert len(spaced) == int(PARK_TRUST_SECONDS * 6) - 1  # 1/6 s apart for one turn, the rest at its end

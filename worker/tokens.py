@@ -153,7 +153,7 @@ class TokenBuckets:
         self._paced_decr = redis.register_script(PACED_DECR)
         self._rate_of = rate_of
         self._last_rate: dict[str, float] = {}
-        self._locks: dict[str, list[asyncio.Lock]] = {}  # source -> its turns
+        self._turns: dict[str, list[asyncio.Lock]] = {}  # source -> its turns
         self._next_turn: dict[str, int] = {}  # source -> the turn handed out last
         self._closed = False
         self._sleepers: set[asyncio.Future] = set()
@@ -176,7 +176,7 @@ class TokenBuckets:
         """A turn of ``source``, held while a task waits for its token: one poller per turn, and
         one turn per TOKEN_TURN_RATE req/s of its rate (as known now), taken in rotation."""
         self._forget_idle()
-        turns = self._locks.setdefault(source, [])
+        turns = self._turns.setdefault(source, [])
         wanted = max(1, math.ceil((self._pacing_rate(source) or 0.0) / TOKEN_TURN_RATE))
         while len(turns) < wanted:
             turns.append(asyncio.Lock())
@@ -192,12 +192,12 @@ class TokenBuckets:
         if now < self._next_forget:
             return
         self._next_forget = now + TOKENS_FORGET_SECONDS
-        idle = [source for source in set(self._locks) | set(self._next_send) | set(self._last_rate)
-                if not any(turn.locked() for turn in self._locks.get(source, ()))
+        idle = [source for source in set(self._turns) | set(self._next_send) | set(self._last_rate)
+                if not any(turn.locked() for turn in self._turns.get(source, ()))
                 and self._next_send.get(source, 0.0) < now - TOKENS_FORGET_SECONDS
                 and self._used_at.get(source, 0.0) < now - TOKENS_FORGET_SECONDS]
         for source in idle:
-            for kept in (self._locks, self._next_turn, self._next_send, self._last_rate, self._used_at):
+            for kept in (self._turns, self._next_turn, self._next_send, self._last_rate, self._used_at):
                 kept.pop(source, None)
             self._stocked.discard(source)
 
