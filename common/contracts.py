@@ -229,6 +229,8 @@ EVENT_WORKER_STARTED = "worker_started"
 EVENT_WORKER_STOPPED = "worker_stopped"
 EVENT_WORKER_SUBSCRIBED = "worker_subscribed"
 EVENT_WORKER_TOKENS_FORFEITED = "worker_tokens_forfeited"
+# The worker is short of CPU while a fast source works: its slow sources' starts are limited (or no longer).
+EVENT_WORKER_SLOW_SOURCES_HELD = "worker_slow_sources_held"
 
 
 # URL lists (issue 27): the list producer and the exporter of results.

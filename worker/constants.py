@@ -155,7 +155,25 @@ CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
 # its next URLs are parked in Kafka until their turn (worker.scheduler), so that no source holds
 # back the others of its partition.
 QUEUE_SECONDS = 5.0
+# While the worker is short of CPU, fast sources first (worker.admission): a source paced at
+# FAST_SOURCE_RATE or more needs a token every 200 ms or less, which a loop running tens of ms late
+# takes from it; a slower one does not notice. While a fast source works here, the slow sources'
+# starts a second fall by SLOW_STARTS_DECREASE each ADMISSION_UPDATE_SECONDS the loop's mean delay
+# (a timer every LOOP_LAG_PROBE_SECONDS) is over LOOP_LAG_TARGET, and climb by SLOW_STARTS_INCREASE
+# (+1) each one it is under; never under SLOW_STARTS_FLOOR. Numbers in docs/decisions.md, issue 26.
+FAST_SOURCE_RATE = 5.0
+LOOP_LAG_PROBE_SECONDS = 0.02
+LOOP_LAG_TARGET = 0.01
+ADMISSION_UPDATE_SECONDS = 1.0
+SLOW_STARTS_DECREASE = 0.7
+SLOW_STARTS_INCREASE = 1.1
+SLOW_STARTS_FLOOR = 2.0
+SLOW_STARTS_BURST_SECONDS = 0.25  # the allowance saved up at most
+ADMISSION_REPORT_SECONDS = 10.0   # a worker_slow_sources_held line at most this often while limited
 THROUGHPUT_SMOOTHING = 0.5   # weight of a refresh's measure in a source's throughput here
+# Past this share of MAX_QUEUED_URLS held, the partitions that feed no fast source are paused (all
+# of them at the bound), until half has gone.
+SLOW_PARTITIONS_PAUSE_AT = 0.75
 QUEUE_UNRATED = 1000          # URLs of a source queued before its rate is known here (then trimmed)
 QUEUE_MAX_PER_SOURCE = 5000   # URLs; an operator's override of thousands a second queues no more
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed

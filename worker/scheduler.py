@@ -14,7 +14,7 @@ has its next URLs parked in a wait topic until the time its rate says they can
 go (``worker.waiting``); a temporarily halted source's wait a turn; a halted
 source's go to ``urls_halted`` until it resumes (``worker.halted_line``). What
 the worker holds is bounded by MAX_QUEUED_URLS: past it every partition is paused
-until half has gone.
+until half has gone (those that feed a fast source only at the bound itself).
 
 Offsets are committed per partition up to the lowest unfinished message,
 and a task (or a park) finishes only after its outcome is acknowledged, so a
@@ -40,11 +40,14 @@ from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
 from common.statuses import Status
 from worker import metrics
+from worker.admission import Admission
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
-                              FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
+                              FAST_SOURCE_RATE, FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
+                              NEW_SOURCE_REFRESH,
                               PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, POLL_BATCH, POLL_TIMEOUT,
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
+                              SLOW_PARTITIONS_PAUSE_AT,
                               THROUGHPUT_SMOOTHING)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets, commit_finished
@@ -82,6 +85,8 @@ class Scheduler:
         self._temp_halted: frozenset[str] = frozenset()  # temp_halted: parked for a turn
         self._latency: dict[str, float] = {}
         self._reserved: dict[str, int] = {}
+        self._fast: set[str] = set()               # active sources paced at FAST_SOURCE_RATE or more
+        self._admission = Admission()              # the slow sources' starts while short of CPU
         self._pending: dict[str, deque[Job]] = {}  # insertion order is the rotation order
         self._queued = 0                           # jobs in all the queues
         self._inflight: dict[str, int] = defaultdict(int)  # only sources with a task running
@@ -90,7 +95,8 @@ class Scheduler:
         self._tasks: set[asyncio.Task] = set()
         self._offsets: dict[TP, PartitionOffsets] = {}
         self._assigned: set[TP] = set()
-        self._reading_paused = False               # every partition paused: MAX_QUEUED_URLS reached
+        self._paused: set[TP] = set()              # partitions paused: MAX_QUEUED_URLS (nearly) reached
+        self._fast_parts: dict[str, set[TP]] = {}  # fast source -> the partitions its URLs came from
         self._park_at: dict[str, float] = {}       # source -> when its next parked URL may go (wall clock)
         self._limits: dict[str, float] = {}        # source -> its limit (adaptive:{source} ceiling), if parked
         self._paced: set[str] = set()              # sources whose adaptive state was read: _pace is known
@@ -111,9 +117,11 @@ class Scheduler:
     async def run(self) -> None:
         await self._feed.subscribe([URLS_TOPIC])
         log_event(EVENT_WORKER_SUBSCRIBED, topics=[URLS_TOPIC])
+        probe = asyncio.ensure_future(self._admission.probe_forever())
         try:
             while not self._stopping.is_set():
                 await self._refresh_if_due()
+                self._admission.update(fast_working=bool(self._fast))
                 batch = await self._feed.poll(POLL_BATCH, POLL_TIMEOUT)
                 await self._rebalanced(batch.assigned, batch.revoked, batch.rebalance)
                 for record in batch.records:
@@ -124,6 +132,7 @@ class Scheduler:
                 if time.monotonic() >= self._next_commit:
                     await self._commit()
         finally:
+            await cancel_and_wait({probe})
             await self._drain()
 
     # --- halts, rates and demand, through Redis --------------------------------
@@ -213,8 +222,10 @@ class Scheduler:
                 self._queued -= len(self._pending[source]) - len(kept)
                 self._set_pending(source, kept)
         self._assigned.update(assigned)
-        if assigned and self._reading_paused:
+        self._paused -= revoked_set
+        if assigned and self._paused:
             await self._feed.pause(assigned)  # the feed starts them unpaused
+            self._paused.update(assigned)
         if assigned or revoked:
             log_event(EVENT_WORKER_PARTITIONS, assigned=len(assigned), revoked=len(revoked),
                       now_owned=len(self._assigned), **timing)
@@ -232,6 +243,8 @@ class Scheduler:
             return
         job = Job(tp, record.offset, request)
         source = request.source
+        if source in self._fast:
+            self._fast_parts.setdefault(source, set()).add(tp)
         queue = self._pending.get(source)
         if source in self.halted or source in self._temp_halted or (
                 queue is not None and len(queue) >= self._queue_limit(source)):
@@ -269,13 +282,16 @@ class Scheduler:
             # twice after a SIGKILL). While it slow-starts, by its limit: its grant is about to climb.
             rate = self._pace(source) if source in self._limits else self._drain_rate(source)
             self._parked_lately.add(source)
-            if rate <= 0 or source in self._temp_halted:
+            if source in self._temp_halted or (rate <= 0 and source in self.rates):  # paused: its rate is 0
                 not_before = now + PARK_DEFAULT_SECONDS
-            elif source not in self._paced:
+            elif rate <= 0 or source not in self._paced:
                 # Spaced at a new source's first grant (a tenth of its limit, before the monitor
                 # has saved its state), 8,000 URLs of a 100 req/s source were parked up to 15
                 # minutes ahead and came back at 10 req/s (bench.sources): they come back
-                # together, soon after its state is known, and are placed by its pace then.
+                # together, soon after its state is known, and are placed by its pace then. So do
+                # those read before its rate: parked for a whole turn, 7,000 of them held its
+                # URLs parked later for 5 s behind them in their wait partition, and it had no
+                # request from 11 to 56 s (bench.sources).
                 not_before = now + PARK_UNJUDGED_SECONDS
             else:
                 ahead = len(self._pending.get(source, ())) / rate
@@ -315,34 +331,54 @@ class Scheduler:
     # --- concurrency ----------------------------------------------------------
     def _reallocate(self) -> None:
         active = set(self._pending) | set(self._inflight)
-        needs = {s: self._pace(s) * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM for s in active}
+        paces = {s: self._pace(s) for s in active}
+        needs = {s: pace * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM for s, pace in paces.items()}
         self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
+        self._fast = {s for s, pace in paces.items() if pace >= FAST_SOURCE_RATE}
 
     def _dispatch(self) -> None:
-        """Start what the slots allow, one task per source per round, sources in rotation.
+        """Start what the slots and the slow sources' allowance (``worker.admission``) allow,
+        one task per source per round, sources in rotation.
 
         Called whenever a task ends, so it is kept cheap: after the first round
         only the sources that started one go round again, since nothing that
-        stopped a source (its slots, the shared ones) loosens meanwhile.
+        stopped a source (its slots, the shared ones, the allowance) loosens meanwhile.
         """
         if self._stopping.is_set():
             return
         reserved = self._reserved
         inflight = self._inflight
+        fast = self._fast
+        admission = self._admission
         shared_free = (self._max_tasks - sum(reserved.values())
                        - sum(n - reserved.get(s, 0) for s, n in inflight.items() if n > reserved.get(s, 0)))
-        # With no shared slot free only the sources with a reservation can start: at 10,000
-        # sources queued, going round all of them at every task's end was most of the loop.
-        candidates = list(self._pending) if shared_free > 0 else [s for s in reserved if s in self._pending]
+        slow_open = admission.may_start_slow()
+        # With no shared slot free only the sources with a reservation can start, and with no
+        # allowance only the fast ones: at 10,000 sources queued, going round all of them at every
+        # task's end was most of the loop.
+        if shared_free > 0 and slow_open:
+            candidates = list(self._pending)
+        else:
+            few = reserved.keys() if shared_free <= 0 and slow_open else (
+                fast if shared_free > 0 else fast & reserved.keys())
+            candidates = [s for s in few if s in self._pending]
         while candidates and self._total < self._max_tasks:
             started = []
+            closed = False  # the allowance ran out in this round
             for source in candidates:
                 if self._total >= self._max_tasks:
                     return
                 running = inflight.get(source, 0)
-                if running >= reserved.get(source, 0):  # beyond its reservation: the floor, shared
-                    if running >= MIN_TASKS_PER_SOURCE or shared_free <= 0:
+                on_shared = running >= reserved.get(source, 0)  # beyond its reservation: the floor, shared
+                if on_shared and (running >= MIN_TASKS_PER_SOURCE or shared_free <= 0):
+                    continue
+                if source not in fast:
+                    if not slow_open:
                         continue
+                    admission.started_slow()
+                    slow_open = admission.may_start_slow()
+                    closed = not slow_open
+                if on_shared:
                     shared_free -= 1
                 queue = self._pending.pop(source)  # re-inserted last: the rotation
                 job = queue.popleft()
@@ -354,6 +390,9 @@ class Scheduler:
                 self._spawn(job, source, self._crawl(source, job.request))
                 if queue:
                     started.append(source)
+                if closed:  # the rest of this round: the fast sources only
+                    started += [s for s in fast if s in self._pending and s not in started]
+                    break
             candidates = started
 
     async def _crawl(self, source: str, request: CrawlRequest) -> float:
@@ -403,14 +442,26 @@ class Scheduler:
     # --- flow control and commits -----------------------------------------------
     async def _bound_reading(self) -> None:
         """Pause every partition while MAX_QUEUED_URLS are held here (queued or being parked),
-        resume at half: the bound on the worker's memory, whatever the number of sources."""
+        resume at half: the bound on the worker's memory, whatever the number of sources.
+
+        Short of the bound (from SLOW_PARTITIONS_PAUSE_AT of it), and until half has gone, the
+        partitions that feed a fast source stay open: its URLs come back there from their wait,
+        and with every partition paused behind 9,000 URLs of slow sources, a 100 req/s source
+        had no request for 27 s (bench.sources)."""
         held = self._queued + self._parking
-        if not self._reading_paused and held >= self._max_queued:
-            self._reading_paused = True
-            await self._feed.pause(sorted(self._assigned))
-        elif self._reading_paused and held <= self._max_queued // 2:
-            self._reading_paused = False
-            await self._feed.resume(sorted(self._assigned))
+        self._fast_parts = {s: parts for s, parts in self._fast_parts.items() if s in self._fast}
+        feeding = self._assigned.intersection(set().union(*self._fast_parts.values()))
+        if held >= self._max_queued:
+            wanted = set(self._assigned)
+        elif (feeding and held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT) or (
+                self._paused and held > self._max_queued // 2):
+            wanted = self._assigned - feeding
+        else:
+            wanted = set()
+        if wanted != self._paused:
+            await self._feed.pause(sorted(wanted - self._paused))
+            await self._feed.resume(sorted(self._paused - wanted))
+            self._paused = wanted
 
     def _measure_throughput(self, elapsed: float) -> None:
         """Each source's URLs ended here per second, smoothed, for ``_queue_limit``."""

@@ -1,0 +1,145 @@
+"""Fast sources first while a worker is short of CPU (worker.admission), and what the scheduler
+does with it: slow sources' starts held to the allowance, the partitions that feed a fast source
+kept open near the memory bound, a source read before its rate waits a short turn."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from common.contracts import URLS_TOPIC, CrawlRequest
+from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until, until
+from test.worker_fakes import FakeFeed, FakeProducer
+from worker import scheduler as scheduler_module
+from worker.admission import Admission
+from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_STARTS_DECREASE,
+                              SLOW_STARTS_FLOOR)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def second(admission: Admission, clock: Clock, lag: float, slow_starts: int, fast_working: bool = True) -> None:
+    """One second of the loop: ``slow_starts`` slow starts where allowed, probes at ``lag``."""
+    for _ in range(slow_starts):
+        if admission.may_start_slow():
+            admission.started_slow()
+    for _ in range(50):
+        admission.lagged(lag)
+    clock.now += 1.0
+    admission.update(fast_working)
+
+
+def test_nothing_is_limited_while_no_fast_source_works_however_late_the_loop() -> None:
+    clock = Clock()
+    admission = Admission(clock)
+    for _ in range(5):
+        second(admission, clock, lag=0.2, slow_starts=300, fast_working=False)
+    assert admission.limit is None and admission.may_start_slow()
+
+
+def test_a_late_loop_cuts_the_slow_starts_to_a_floor_and_a_prompt_one_lets_them_climb() -> None:
+    clock = Clock()
+    admission = Admission(clock)
+    second(admission, clock, lag=LOOP_LAG_TARGET * 4, slow_starts=200)
+    assert admission.limit == 200 * SLOW_STARTS_DECREASE  # from what was started
+    limits = []
+    for _ in range(30):
+        second(admission, clock, lag=LOOP_LAG_TARGET * 4, slow_starts=200)
+        limits.append(admission.limit)
+    assert limits == sorted(limits, reverse=True) and limits[-1] == SLOW_STARTS_FLOOR  # never starved
+    started_before = admission._started
+    second(admission, clock, lag=LOOP_LAG_TARGET * 4, slow_starts=200)
+    assert started_before == 0  # the allowance, not the asking, decides: at most the floor a second
+    climbing = []
+    for _ in range(10):
+        second(admission, clock, lag=LOOP_LAG_TARGET / 4, slow_starts=200)
+        climbing.append(admission.limit)
+    assert climbing == sorted(climbing) and climbing[-1] > 3 * SLOW_STARTS_FLOOR
+    second(admission, clock, lag=LOOP_LAG_TARGET / 4, slow_starts=200, fast_working=False)
+    assert admission.limit is None
+
+
+def test_the_allowance_holds_slow_starts_to_the_limit() -> None:
+    clock = Clock()
+    admission = Admission(clock)
+    admission.limit = 20.0
+    started = 0
+    for _ in range(100):  # 1 s in steps of 10 ms, asking each time
+        clock.now += 0.01
+        while admission.may_start_slow():
+            admission.started_slow()
+            started += 1
+    assert 18 <= started <= 21
+
+
+async def test_probe_measures_the_loops_delay() -> None:
+    admission = Admission()
+    probe = asyncio.create_task(admission.probe_forever())
+    await asyncio.sleep(0.1)
+    time.sleep(0.05)  # the loop blocked: the next probe runs late
+    await asyncio.sleep(0.05)
+    probe.cancel()
+    assert admission._lag_samples >= 2 and admission._lag_total >= 0.03
+
+
+async def test_a_fast_source_starts_beside_slow_ones_held_to_their_allowance(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    slow = [r for n in range(200) for r in records(f"slow{n}", 1, first_offset=n)]
+    feed = FakeFeed(slow + records("fast", 100, first_offset=200), batch_size=500)
+    redis = await redis_with({"fast": 100.0} | {f"slow{n}": 0.5 for n in range(200)})
+    started: list[str] = []
+
+    async def handle(request: CrawlRequest) -> float:
+        started.append(request.source)
+        await asyncio.sleep(60)
+        return 0.0
+
+    scheduler = make(feed, redis, handle, max_tasks=500)
+    scheduler._admission.limit = SLOW_STARTS_FLOOR  # short of CPU, as update() would find it
+    scheduler._admission.update = lambda fast_working: None  # type: ignore[method-assign]
+    await run_until(scheduler, lambda: started.count("fast") >= 20, timeout=5)
+    slow_started = len(started) - started.count("fast")
+    assert slow_started <= 2 + 2 * SLOW_STARTS_FLOOR, slow_started  # before the limit, then its allowance
+
+
+async def test_near_the_bound_the_partitions_feeding_a_fast_source_stay_open(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    slow = [r for n in range(90) for r in records(f"slow{n}", 1, partition=n % 3, first_offset=n)]
+    feed = FakeFeed(records("fast", 1, partition=3) + slow, batch_size=10)
+    redis = await redis_with({"fast": 100.0} | {f"slow{n}": 0.5 for n in range(90)})
+    scheduler = make(feed, redis, never_ends, max_tasks=5, max_queued=100)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(lambda: "fast" in scheduler._fast and scheduler._queued >= 75)
+        assert not feed.paused  # no fast source's partition known yet: the bound alone pauses
+        feed.records.extend(records("fast", 2, partition=3, first_offset=1))  # back from a wait, say
+        await until(lambda: len(feed.paused) == 3)
+        assert (URLS_TOPIC, 3) not in feed.paused  # the fast source's URLs still come in
+        feed.records.extend(records("fast", 30, partition=3, first_offset=3))
+        await until(lambda: len(feed.paused) == 4)  # at the bound itself: every partition
+        assert scheduler._queued + scheduler._parking >= 100
+    finally:
+        scheduler.stop()
+        await runner
+
+
+async def test_a_source_read_before_its_rate_waits_a_short_turn_not_a_paused_ones(monkeypatch) -> None:
+    """Parked for PARK_DEFAULT_SECONDS, 7,000 URLs of a source read before its rate held its URLs
+    parked later for 5 s behind them in their wait partition (bench.sources)."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 60)
+    monkeypatch.setattr(scheduler_module, "NEW_SOURCE_REFRESH", 60)
+    monkeypatch.setattr(scheduler_module, "QUEUE_UNRATED", 10)
+    feed = FakeFeed(records("new", 50), batch_size=50)
+    producer = FakeProducer()
+    scheduler = make(feed, await redis_with({}), never_ends, producer=producer)
+    scheduler.rates["paused"] = 0.0
+    started = time.time()
+    await run_until(scheduler, lambda: len(parked(producer)) >= 40)
+    waits = [m["not_before"] - started for m in parked(producer)]
+    assert all(PARK_UNJUDGED_SECONDS <= w < PARK_UNJUDGED_SECONDS + 2 for w in waits), (min(waits), max(waits))
+    assert PARK_UNJUDGED_SECONDS < PARK_DEFAULT_SECONDS
