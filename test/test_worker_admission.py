@@ -11,8 +11,8 @@ from test.test_worker_scheduler import make, never_ends, parked, records, redis_
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker import scheduler as scheduler_module
 from worker.admission import Admission
-from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_STARTS_DECREASE,
-                              SLOW_STARTS_FLOOR)
+from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_SHARE,
+                              SLOW_STARTS_DECREASE, SLOW_STARTS_FLOOR)
 
 
 class Clock:
@@ -23,15 +23,18 @@ class Clock:
         return self.now
 
 
-def second(admission: Admission, clock: Clock, lag: float, slow_starts: int, fast_working: bool = True) -> None:
+def second(admission: Admission, clock: Clock, lag: float, slow_starts: int, fast_working: bool = True,
+           slow_demand: float = 2500.0, ended: int = 0) -> None:
     """One second of the loop: ``slow_starts`` slow starts where allowed, probes at ``lag``."""
     for _ in range(slow_starts):
         if admission.may_start_slow():
             admission.started_slow()
+    for _ in range(ended):
+        admission.ended()
     for _ in range(50):
         admission.lagged(lag)
     clock.now += 1.0
-    admission.update(fast_working)
+    admission.update(fast_working, slow_demand)
 
 
 def test_nothing_is_limited_while_no_fast_source_works_however_late_the_loop() -> None:
@@ -62,6 +65,18 @@ def test_a_late_loop_cuts_the_slow_starts_to_a_floor_and_a_prompt_one_lets_them_
     assert climbing == sorted(climbing) and climbing[-1] > 3 * SLOW_STARTS_FLOOR
     second(admission, clock, lag=LOOP_LAG_TARGET / 4, slow_starts=200, fast_working=False)
     assert admission.limit is None
+
+
+def test_slow_sources_keep_what_they_ask_up_to_a_share_of_the_worker() -> None:
+    """A few slow sources beside fast ones (the demo's 1-3 req/s sites) are not held at all;
+    thousands keep SLOW_SHARE of what the worker ends a second."""
+    few_clock, many_clock = Clock(), Clock()
+    few, many = Admission(few_clock), Admission(many_clock)
+    for _ in range(20):
+        second(few, few_clock, lag=LOOP_LAG_TARGET * 4, slow_starts=6, slow_demand=6.0, ended=100)
+        second(many, many_clock, lag=LOOP_LAG_TARGET * 4, slow_starts=300, slow_demand=2500.0, ended=100)
+    assert few.limit == 6.0
+    assert many.limit == SLOW_SHARE * 100
 
 
 def test_the_allowance_holds_slow_starts_to_the_limit() -> None:
@@ -101,7 +116,7 @@ async def test_a_fast_source_starts_beside_slow_ones_held_to_their_allowance(mon
 
     scheduler = make(feed, redis, handle, max_tasks=500)
     scheduler._admission.limit = SLOW_STARTS_FLOOR  # short of CPU, as update() would find it
-    scheduler._admission.update = lambda fast_working: None  # type: ignore[method-assign]
+    scheduler._admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
     await run_until(scheduler, lambda: started.count("fast") >= 20, timeout=5)
     slow_started = len(started) - started.count("fast")
     assert slow_started <= 2 + 2 * SLOW_STARTS_FLOOR, slow_started  # before the limit, then its allowance

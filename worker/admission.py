@@ -12,8 +12,11 @@ So fast sources come first. While a source paced at FAST_SOURCE_RATE or more
 has work here, the slow sources' starts are held to what leaves the loop on
 time: the loop's delay is probed every LOOP_LAG_PROBE_SECONDS, and once a
 second the slow sources' allowance falls by a factor while the delay's mean is
-over LOOP_LAG_TARGET, and climbs while it is under. It never falls below
-SLOW_STARTS_FLOOR a second, taken in the scheduler's rotation, so no slow
+over LOOP_LAG_TARGET, and climbs while it is under. It never falls below what
+the slow sources here ask (the sum of their paces) or SLOW_SHARE of the URLs the
+worker ends a second, whichever is less, nor below SLOW_STARTS_FLOOR: a few
+slow sources beside fast ones (the demo's 1-3 req/s sites) are not held at all,
+and thousands keep a share, taken in the scheduler's rotation, so no slow
 source starves. With no fast source working here nothing is limited: sources
 alike in pace share the loop as before.
 """
@@ -26,8 +29,8 @@ from collections.abc import Callable
 from common.contracts import EVENT_WORKER_SLOW_SOURCES_HELD
 from common.jsonlog import log_event
 from worker.constants import (ADMISSION_REPORT_SECONDS, ADMISSION_UPDATE_SECONDS, LOOP_LAG_PROBE_SECONDS,
-                              LOOP_LAG_TARGET, SLOW_STARTS_BURST_SECONDS, SLOW_STARTS_DECREASE, SLOW_STARTS_FLOOR,
-                              SLOW_STARTS_INCREASE)
+                              LOOP_LAG_TARGET, SLOW_SHARE, SLOW_STARTS_BURST_SECONDS, SLOW_STARTS_DECREASE,
+                              SLOW_STARTS_FLOOR, SLOW_STARTS_INCREASE)
 
 
 class Admission:
@@ -37,6 +40,7 @@ class Admission:
         self._allowance = 0.0
         self._refilled_at = clock()
         self._started = 0            # slow starts since the last update
+        self._ended = 0              # tasks ended since the last update, every source's
         self._lag_total = 0.0
         self._lag_samples = 0
         self._updated_at = clock()
@@ -55,30 +59,35 @@ class Admission:
         self._started += 1
         self._allowance -= 1.0
 
+    def ended(self) -> None:
+        self._ended += 1
+
     def lagged(self, seconds: float) -> None:
         """One probe's delay: how late the loop ran a timer."""
         self._lag_total += max(0.0, seconds)
         self._lag_samples += 1
 
-    def update(self, fast_working: bool) -> None:
+    def update(self, fast_working: bool, slow_demand: float) -> None:
         """At most once per ADMISSION_UPDATE_SECONDS: the slow sources' allowance for the next one,
-        from the loop's mean delay since the last update and the slow starts made in it."""
+        from the loop's mean delay since the last update and the slow starts made in it;
+        ``slow_demand``: the summed paces of the slow sources with work here."""
         now = self._clock()
         elapsed = now - self._updated_at
         if elapsed < ADMISSION_UPDATE_SECONDS:
             return
         lag = self._lag_total / self._lag_samples if self._lag_samples else 0.0
-        started = self._started / elapsed
-        self._updated_at, self._started, self._lag_total, self._lag_samples = now, 0, 0.0, 0
+        started, ended = self._started / elapsed, self._ended / elapsed
+        self._updated_at, self._started, self._ended, self._lag_total, self._lag_samples = now, 0, 0, 0.0, 0
+        floor = max(SLOW_STARTS_FLOOR, min(slow_demand, SLOW_SHARE * ended))
         was = self.limit
         if not fast_working:
             self.limit = None
         elif lag > LOOP_LAG_TARGET:
             # From what was started, not from an allowance that went unused.
             base = started if self.limit is None else min(self.limit, started)
-            self.limit = max(SLOW_STARTS_FLOOR, base * SLOW_STARTS_DECREASE)
+            self.limit = max(floor, base * SLOW_STARTS_DECREASE)
         elif self.limit is not None:
-            self.limit = self.limit * SLOW_STARTS_INCREASE + 1.0
+            self.limit = max(floor, self.limit * SLOW_STARTS_INCREASE + 1.0)
         if self.limit is not None and was is None:
             self._allowance, self._refilled_at = 0.0, now
         if (self.limit is None) != (was is None) or (

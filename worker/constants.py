@@ -160,7 +160,9 @@ QUEUE_SECONDS = 5.0
 # takes from it; a slower one does not notice. While a fast source works here, the slow sources'
 # starts a second fall by SLOW_STARTS_DECREASE each ADMISSION_UPDATE_SECONDS the loop's mean delay
 # (a timer every LOOP_LAG_PROBE_SECONDS) is over LOOP_LAG_TARGET, and climb by SLOW_STARTS_INCREASE
-# (+1) each one it is under; never under SLOW_STARTS_FLOOR. Numbers in docs/decisions.md, issue 26.
+# (+1) each one it is under; never under what the slow sources here ask (their summed paces) or
+# SLOW_SHARE of the tasks the worker ends a second, whichever is less, nor under SLOW_STARTS_FLOOR.
+# Numbers in docs/decisions.md, issue 26.
 FAST_SOURCE_RATE = 5.0
 LOOP_LAG_PROBE_SECONDS = 0.02
 LOOP_LAG_TARGET = 0.01
@@ -168,6 +170,7 @@ ADMISSION_UPDATE_SECONDS = 1.0
 SLOW_STARTS_DECREASE = 0.7
 SLOW_STARTS_INCREASE = 1.1
 SLOW_STARTS_FLOOR = 2.0
+SLOW_SHARE = 0.25
 SLOW_STARTS_BURST_SECONDS = 0.25  # the allowance saved up at most
 ADMISSION_REPORT_SECONDS = 10.0   # a worker_slow_sources_held line at most this often while limited
 THROUGHPUT_SMOOTHING = 0.5   # weight of a refresh's measure in a source's throughput here

@@ -86,6 +86,7 @@ class Scheduler:
         self._latency: dict[str, float] = {}
         self._reserved: dict[str, int] = {}
         self._fast: set[str] = set()               # active sources paced at FAST_SOURCE_RATE or more
+        self._slow_demand = 0.0                    # the other active sources' summed paces
         self._admission = Admission()              # the slow sources' starts while short of CPU
         self._pending: dict[str, deque[Job]] = {}  # insertion order is the rotation order
         self._queued = 0                           # jobs in all the queues
@@ -121,7 +122,7 @@ class Scheduler:
         try:
             while not self._stopping.is_set():
                 await self._refresh_if_due()
-                self._admission.update(fast_working=bool(self._fast))
+                self._admission.update(bool(self._fast), self._slow_demand)
                 batch = await self._feed.poll(POLL_BATCH, POLL_TIMEOUT)
                 await self._rebalanced(batch.assigned, batch.revoked, batch.rebalance)
                 for record in batch.records:
@@ -335,6 +336,7 @@ class Scheduler:
         needs = {s: pace * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM for s, pace in paces.items()}
         self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
         self._fast = {s for s, pace in paces.items() if pace >= FAST_SOURCE_RATE}
+        self._slow_demand = sum(pace for pace in paces.values() if pace < FAST_SOURCE_RATE)
 
     def _dispatch(self) -> None:
         """Start what the slots and the slow sources' allowance (``worker.admission``) allow,
@@ -398,6 +400,7 @@ class Scheduler:
     async def _crawl(self, source: str, request: CrawlRequest) -> float:
         busy = await self._handle(request)
         self._ended[source] = self._ended.get(source, 0) + 1
+        self._admission.ended()
         previous = self._latency.get(source, DEFAULT_LATENCY)
         self._latency[source] = previous + LATENCY_SMOOTHING * (max(busy, 0.0) - previous)
         return busy

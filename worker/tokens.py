@@ -58,7 +58,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from common.contracts import EVENT_WORKER_TOKENS_FORFEITED
+from common.contracts import EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import (ACTIVE_SOURCES, allowed_per_second, rate_limit_key, send_pace_key, sent_log_key,
                               source_requests_key, tokens_key)
 from common.jsonlog import log_event
@@ -240,7 +240,6 @@ class TokenBuckets:
                 batch, self._peeks = self._peeks, {}
                 try:
                     values = await self._redis.mget([tokens_key(source) for source in batch])
-                    await self._mark_waiting(batch)
                 except Exception as exc:  # noqa: BLE001 - Redis away: each waiter's own retry handles it
                     for future in batch.values():
                         if not future.done():
@@ -249,6 +248,13 @@ class TokenBuckets:
                 for future, value in zip(batch.values(), values, strict=True):
                     if not future.done():
                         future.set_result(value)
+                # After the answers, not before: the heartbeats of thousands of slow sources were
+                # one more round trip in front of a fast source's every peek.
+                try:
+                    await self._mark_waiting(batch)
+                except Exception as exc:  # noqa: BLE001 - Redis away: the next peeks mark them again
+                    self._marked = {s: at for s, at in self._marked.items() if s not in batch}
+                    log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
         finally:
             self._peeking = None
 
