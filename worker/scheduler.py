@@ -42,13 +42,11 @@ from common.statuses import Status
 from worker import metrics
 from worker.admission import Admission
 from worker.allocation import reserve
-from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY,
-                              FAST_SOURCE_RATE, FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE,
-                              NEW_SOURCE_REFRESH,
-                              PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, POLL_BATCH, POLL_TIMEOUT,
+from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, FAST_SOURCE_RATE, FORGET_ABOVE,
+                              LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, PARK_DEFAULT_SECONDS,
+                              PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, POLL_BATCH, POLL_TIMEOUT,
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
-                              SLOW_PARTITIONS_PAUSE_AT,
-                              THROUGHPUT_SMOOTHING)
+                              SLOW_PARTITIONS_PAUSE_AT, THROUGHPUT_SMOOTHING)
 from worker.feed import TP, Feed, Record
 from worker.offsets import PartitionOffsets, commit_finished
 from worker.task import deliver
@@ -331,12 +329,18 @@ class Scheduler:
 
     # --- concurrency ----------------------------------------------------------
     def _reallocate(self) -> None:
-        active = set(self._pending) | set(self._inflight)
-        paces = {s: self._pace(s) for s in active}
-        needs = {s: pace * self._latency.get(s, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM for s, pace in paces.items()}
+        needs: dict[str, float] = {}
+        fast: set[str] = set()
+        slow_demand = 0.0
+        for source in set(self._pending) | set(self._inflight):  # one pass: 10,000 sources at 100,000
+            pace = self._pace(source)
+            needs[source] = pace * self._latency.get(source, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM
+            if pace >= FAST_SOURCE_RATE:
+                fast.add(source)
+            else:
+                slow_demand += pace
         self._reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
-        self._fast = {s for s, pace in paces.items() if pace >= FAST_SOURCE_RATE}
-        self._slow_demand = sum(pace for pace in paces.values() if pace < FAST_SOURCE_RATE)
+        self._fast, self._slow_demand = fast, slow_demand
 
     def _dispatch(self) -> None:
         """Start what the slots and the slow sources' allowance (``worker.admission``) allow,
