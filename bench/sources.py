@@ -55,8 +55,8 @@ from bench.cpu import TreeSampler, _tree
 from bench.logs import read_log
 from bench.site_process import serve_until_stopped
 from common.contracts import (EVENT_INFRA_RETRY, EVENT_KAFKA_CLIENT_ERROR, EVENT_MONITOR_COMPONENT_ERROR,
-                              EVENT_WORKER_PARTITIONS, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED,
-                              EVENT_WORKER_TOKENS_FORFEITED)
+                              EVENT_WORKER_PARTITIONS, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SLOW_SOURCES_HELD,
+                              EVENT_WORKER_SUBSCRIBED, EVENT_WORKER_TOKENS_FORFEITED)
 from common.contracts import (EVENT_MONITORING_UPDATE, HALTED_URLS_TOPIC, INBOUND_TOPIC, NUM_RESIZED, RESIZE_ERRORS,
                               URLS_TOPIC, WAIT_TOPICS, override_rate_key)
 from common.kafka import produce_waiting, producer_config
@@ -72,7 +72,8 @@ DEADLINE, DEADLINE_PACE = 300.0, 100.0  # s after the URLs are produced; URLs a 
 LATENCY = 0.2
 SHARE_WINDOW = (10.0, 70.0)  # seconds after the fast source's first request
 EVENTS_COUNTED = {EVENT_INFRA_RETRY, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED, EVENT_WORKER_PARTITIONS,
-                  EVENT_MONITOR_COMPONENT_ERROR, EVENT_KAFKA_CLIENT_ERROR, EVENT_WORKER_TOKENS_FORFEITED}
+                  EVENT_MONITOR_COMPONENT_ERROR, EVENT_KAFKA_CLIENT_ERROR, EVENT_WORKER_TOKENS_FORFEITED,
+                  EVENT_WORKER_SLOW_SOURCES_HELD}
 
 
 def serve(log_path: str) -> None:
