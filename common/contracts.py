@@ -227,6 +227,8 @@ EVENT_WORKER_PARTITIONS = "worker_partitions"
 EVENT_WORKER_REFRESH_FAILED = "worker_refresh_failed"
 EVENT_WORKER_STARTED = "worker_started"
 EVENT_WORKER_STOPPED = "worker_stopped"
+# A stop overran its bounds: every thread's stack follows on stderr and the worker exits 1.
+EVENT_WORKER_STOP_OVERDUE = "worker_stop_overdue"
 EVENT_WORKER_SUBSCRIBED = "worker_subscribed"
 EVENT_WORKER_TOKENS_FORFEITED = "worker_tokens_forfeited"
 # The worker is short of CPU while a fast source works: its slow sources' starts are limited (or no longer).
@@ -258,7 +260,7 @@ EVENT_LEVELS = {
     EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE: _WARNING,
     EVENT_MONITOR_COMPONENT_ERROR: _ERROR, EVENT_HTTP_API_ERROR: _ERROR, EVENT_TASK_CRASHED: _ERROR,
     EVENT_FETCH_UNEXPECTED_ERROR: _ERROR, EVENT_IMAGE_POOL_BROKEN: _ERROR, EVENT_CONSUMER_ERROR: _ERROR,
-    EVENT_OUTCOME_UNWRITABLE: _ERROR,
+    EVENT_OUTCOME_UNWRITABLE: _ERROR, EVENT_WORKER_STOP_OVERDUE: _ERROR,
 }
 
 def utc_now_iso() -> str:

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
+import threading
+
+from common.jsonlog import log_event
 
 _PR_SET_PDEATHSIG = 1
 
@@ -25,3 +29,24 @@ def own_group_dying_with_parent() -> None:
     stopping it takes its children too), killed with its parent."""
     os.setsid()
     die_with_parent()
+
+
+def exit_if_not_stopped_within(seconds: float, event: str) -> threading.Timer:
+    """A stop that overruns its own bounds ends the process anyway: after ``seconds`` this logs
+    ``event``, writes every thread's stack to stderr (what held it) and exits 1.
+
+    Each step of a graceful stop is bounded, but a blocking client call on a thread (a
+    synchronous Kafka commit to a broker that does not answer, say) is not cancelled by
+    asyncio's timeouts, and the interpreter joins those threads before it exits: a worker
+    once outlived its test's 60 s wait after SIGTERM. A supervisor would SIGKILL it later;
+    this says why first. A timer thread, so a busy or blocked event loop cannot hold it."""
+    def overdue() -> None:
+        log_event(event, seconds=seconds)
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, overdue)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -28,6 +28,7 @@ from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_SOURCES, INBOUND_TOPIC
                               METADATA_TOPIC, errors_key, last_50_key, rate_limit_key, resized_key,
                               source_requests_key, tokens_key, URLS_TOPIC)
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, ensure_topics, producer_config
+from worker.constants import STOP_MARGIN_SECONDS
 from devstack.servers import DEV_CREDENTIALS, DEV_URL_PARTITIONS
 from test.conftest import BUCKET
 from test.worker_fakes import exif_jpeg, image_bytes
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTCOME_TOPICS = [METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, INBOUND_TOPIC]
 PHOTO = exif_jpeg()
 BIG = image_bytes("JPEG", (1600, 1200), quality=90)
+WORKER_SHUTDOWN_TIMEOUT = 20
 
 
 def website() -> web.Application:
@@ -71,8 +73,8 @@ class Worker:
         self.process = subprocess.Popen([sys.executable, "-m", "worker"], cwd=ROOT, env=env,
                                         stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+    def log(self, tail: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-tail:]
 
     def kill_group(self) -> None:
         try:
@@ -88,7 +90,8 @@ def workers(stack_env, tmp_path):
     started: list[Worker] = []
 
     def start(**env: str) -> Worker:
-        worker = Worker({**stack_env, "SHUTDOWN_TIMEOUT": "20", **env}, tmp_path / f"worker{len(started)}.log")
+        worker = Worker({**stack_env, "SHUTDOWN_TIMEOUT": str(WORKER_SHUTDOWN_TIMEOUT), **env},
+                        tmp_path / f"worker{len(started)}.log")
         started.append(worker)
         return worker
 
@@ -187,8 +190,10 @@ async def until_group_gone(pgid: int, timeout: float = 15.0) -> None:
 
 async def stop_cleanly(worker: Worker) -> None:
     worker.process.send_signal(signal.SIGTERM)
-    code = await asyncio.to_thread(worker.process.wait, 60)
-    assert code == 0, worker.log()
+    # Past its bound (3 x SHUTDOWN_TIMEOUT + STOP_MARGIN_SECONDS) a worker exits 1 by itself,
+    # with every thread's stack in its log: what held it.
+    code = await asyncio.to_thread(worker.process.wait, 3 * WORKER_SHUTDOWN_TIMEOUT + STOP_MARGIN_SECONDS + 15)
+    assert code == 0, worker.log(20_000)
     await until_group_gone(worker.process.pid)
 
 

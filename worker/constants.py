@@ -140,6 +140,10 @@ HALTED_RESUME_RESCAN_SECONDS = 5.0
 # a few thousand of Redis's 10,000 (maxclients).
 REDIS_MAX_CONNECTIONS = 32
 
+# A stop overdue after 3 x SHUTDOWN_TIMEOUT and this many seconds more ends the worker (exit 1,
+# every thread's stack on stderr): the consumers' close and the pool's are not bounded otherwise.
+STOP_MARGIN_SECONDS = 10.0
+
 # --- Scheduling (worker/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
 POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages

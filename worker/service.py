@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 
 import aiohttp
 
-from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOPPED
+from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOP_OVERDUE, EVENT_WORKER_STOPPED
 from common.contracts import EVENT_TASK_CRASHED, HALTED_GROUP, WAIT_GROUP, WORKER_GROUP
 from common.jsonlog import log_event
 from common.redis_client import bounded_redis
+from common.process import exit_if_not_stopped_within
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, producer_config
 from common.settings import Settings
-from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS
+from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS, STOP_MARGIN_SECONDS
 from worker.feed import KafkaFeed
 from worker.joining import Joining, ensure_worker_topics, joined
 from worker.fetch import Fetcher
@@ -73,8 +75,17 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
                 HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, lambda: scheduler.halted,
                            settings.url_partitions)]
             loop = asyncio.get_running_loop()
+            overdue: list[threading.Timer] = []
+
+            def stop() -> None:
+                scheduler.stop()
+                if not overdue:  # from the first signal: draining, the wait lines and the producer's
+                    # flush each take SHUTDOWN_TIMEOUT at most
+                    overdue.append(exit_if_not_stopped_within(
+                        3 * settings.shutdown_timeout + STOP_MARGIN_SECONDS, EVENT_WORKER_STOP_OVERDUE))
+
             for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, scheduler.stop)
+                loop.add_signal_handler(signum, stop)
             log_event(EVENT_WORKER_STARTED, max_tasks=settings.max_tasks, processes=pool.processes)
             running = [asyncio.create_task(line.run()) for line in lines]
             metrics.BODY_BUDGET.set(settings.body_budget_bytes)
