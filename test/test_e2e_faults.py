@@ -194,7 +194,7 @@ def test_all_workers_stopped_together_then_one_started(crawl_env, tmp_path: Path
 
     On tansu a LeaveGroup from the group's leader while the group re-forms strands every
     later member, so the local stack's workers leave no group (KAFKA_LEAVE_GROUP=false)."""
-    web, plan = fault_web(f"rst{unique[:6]}s", tmp_path, urls_per_source=300)
+    web, plan = fault_web(f"rst{unique[:6]}s", tmp_path)
     waits = []
     with crawl(web, plan, crawl_env, tmp_path, RESTART_WORKERS) as (cluster, outcomes):
         for _round in range(RESTART_ROUNDS):

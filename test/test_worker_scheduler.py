@@ -13,7 +13,8 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD,
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker import scheduler as scheduler_module
 from worker.allocation import reserve
-from worker.constants import PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS
+from worker.constants import (PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS,
+                              QUEUE_UNRATED)
 from worker.feed import Record
 from worker.offsets import PartitionOffsets
 from worker.scheduler import Job, Scheduler
@@ -337,23 +338,24 @@ async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch)
 async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_spaced(monkeypatch) -> None:
     """A new source is granted a tenth of its limit before its state is saved: spaced by that,
     8,000 URLs of a 100 req/s source were parked up to 15 minutes ahead and came back at
-    10 req/s (bench.sources). Until its state is read they wait PARK_UNJUDGED_SECONDS, all
-    together; once read, they are spaced by its pace."""
+    10 req/s (bench.sources). Until its state is read it queues QUEUE_UNRATED URLs, and those
+    beyond wait PARK_UNJUDGED_SECONDS, all together; once read, they are spaced by its pace."""
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
-    feed = FakeFeed(records("new", 300), batch_size=100)
+    feed = FakeFeed(records("new", QUEUE_UNRATED + 300), batch_size=100)
     redis = await redis_with({"new": 10.0}, judged=False)  # its first grant; no adaptive:new yet
     producer = FakeProducer()
     scheduler = make(feed, redis, never_ends, producer=producer)
     started = time.time()
     runner = asyncio.create_task(scheduler.run())
     try:
-        await until(lambda: len(parked(producer)) >= 200)
+        await until(lambda: not feed.records and len(parked(producer)) >= 250)  # some of the 300 run
         waits = [m["not_before"] - started for m in parked(producer)]
+        first_parked = len(parked(producer))
         assert all(PARK_UNJUDGED_SECONDS <= w < PARK_UNJUDGED_SECONDS + 2 for w in waits), (min(waits), max(waits))
         redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "100.0", ADAPTIVE_SLOW_START_FIELD: "1"}
-        await until(lambda: "new" in scheduler._paced)  # the next refresh reads it
-        feed.records.extend(records("new", 300, first_offset=300))
-        await until(lambda: len(parked(producer)) >= 450)
+        await until(lambda: "new" in scheduler._paced)  # a refresh reads it: its queue waits to be trimmed
+        feed.records.extend(records("new", 300, first_offset=QUEUE_UNRATED + 300))
+        await until(lambda: len(parked(producer)) >= first_parked + 300)
     finally:
         scheduler.stop()
         await runner
@@ -362,11 +364,36 @@ async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_
     assert gaps.count(0.01) >= len(gaps) - 1, sorted(gaps)[-5:]  # 1/100 s apart: its limit's pace
 
 
+async def test_an_unjudged_sources_urls_wait_in_its_queue_not_parked_for_a_turn(monkeypatch) -> None:
+    """Parked before the monitor's first judgment, a 6 req/s source's last URLs came 5 s after the
+    rest (72% of its limit, CI): a queue shorter than QUEUE_UNRATED waits for the judgment, and
+    is trimmed by its pace once it is known."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    feed = FakeFeed(records("new", 300), batch_size=100)
+    redis = await redis_with({"new": 6.0}, judged=False)
+    producer = FakeProducer()
+    scheduler = make(feed, redis, never_ends, producer=producer)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(lambda: not feed.records and "new" in scheduler.rates)
+        await asyncio.sleep(0.3)  # refreshes, still unjudged
+        assert not parked(producer)
+        redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "6.0", ADAPTIVE_SLOW_START_FIELD: "0"}
+        await until(lambda: len(parked(producer)) > 0)
+        await asyncio.sleep(0.3)
+    finally:
+        scheduler.stop()
+        await runner
+    assert len(scheduler._pending["new"]) <= scheduler._queue_limit("new") < len(parked(producer))
+
+
 async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its_limit() -> None:
     """A queue holds its partition's commit at its oldest URL: a 1,000 req/s source held to 70 req/s
     by its site's connection cap queued 5,000 URLs, and a SIGKILL had 9,000 URLs crawled twice."""
     scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0))
     scheduler.rates["capped"] = 1000.0
+    assert scheduler._queue_limit("capped") == QUEUE_UNRATED  # not judged by the monitor yet
+    scheduler._paced.add("capped")
     assert scheduler._queue_limit("capped") == int(1000 * QUEUE_SECONDS)  # nothing measured yet
     scheduler._throughput["capped"] = 70.0
     assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)
