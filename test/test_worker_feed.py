@@ -83,3 +83,43 @@ async def test_a_partition_paused_at_a_rebalance_is_read_again_from_its_commit(k
     first, second = timings
     assert set(first) == {"offsets_seconds"} and first["offsets_seconds"] >= 0
     assert second["since_revoked_seconds"] >= second["offsets_seconds"] >= 0
+
+
+async def test_what_finished_after_the_last_commit_is_committed_when_the_partition_is_revoked(
+        kafka_hosts: str, unique: str) -> None:
+    """A revocation takes the group's generation with it, and a commit after it is refused: the
+    positions offered since the last commit are committed in the revocation itself, so the
+    next owner does not crawl them again."""
+    topic, group = f"urls.revoked{unique}", f"revoked-{unique}"
+    ensure_topics(kafka_hosts, [topic, f"{topic}b"], 2)
+    producer = Producer(producer_config(kafka_hosts))
+    for partition in range(2):
+        for n in range(4):
+            producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+    consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
+    feed = KafkaFeed(consumer, group)
+    await feed.subscribe([topic])
+    before: list[tuple[int, int]] = []
+    after: list[tuple[int, int]] = []
+    assignments = 0
+    try:
+        async with asyncio.timeout(60):
+            while len(before) < 8:
+                batch = await feed.poll(100, 0.2)
+                before += [(record.partition, record.offset) for record in batch.records]
+                assignments += bool(batch.assigned)
+            assert await feed.commit({(topic, 0): 1, (topic, 1): 1})
+            feed.offer_positions({(topic, 0): 3, (topic, 1): 4})  # finished since, not committed yet
+            await feed.subscribe([topic, f"{topic}b"])  # an eager rebalance: revoked, then assigned again
+            while assignments < 2 or len(after) < 1:
+                batch = await feed.poll(100, 0.2)
+                after += [(record.partition, record.offset) for record in batch.records if record.topic == topic]
+                assignments += bool(batch.assigned)
+            await asyncio.sleep(1)  # nothing more comes
+            batch = await feed.poll(100, 0.5)
+            after += [(record.partition, record.offset) for record in batch.records if record.topic == topic]
+    finally:
+        await consumer.close()
+    assert sorted(after) == [(0, 3)]

@@ -285,6 +285,9 @@ class FakeFeed:
         self.commits.append(dict(positions))
         return True
 
+    def offer_positions(self, positions) -> None:
+        self.offered = dict(positions)
+
     def committed(self) -> dict[tuple[str, int], int]:
         merged: dict[tuple[str, int], int] = {}
         for positions in self.commits:

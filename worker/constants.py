@@ -178,6 +178,7 @@ SLOW_SHARE = 0.25
 SLOW_STARTS_BURST_SECONDS = 0.25  # the allowance saved up at most
 ADMISSION_REPORT_SECONDS = 10.0   # a worker_slow_sources_held line at most this often while limited
 THROUGHPUT_SMOOTHING = 0.5   # weight of a refresh's measure in a source's throughput here
+THROUGHPUT_WARMUP_SECONDS = 5.0  # a source's first seconds of work here are not measured
 # Past this share of MAX_QUEUED_URLS held, the partitions that feed no fast source are paused (all
 # of them at the bound), until half has gone.
 SLOW_PARTITIONS_PAUSE_AT = 0.75
