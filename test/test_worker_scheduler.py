@@ -496,5 +496,38 @@ async def test_a_sources_first_seconds_here_do_not_size_its_queue() -> None:
     scheduler._ended["new"] = 19
     scheduler._measure_throughput(1.0, now=100.0 + THROUGHPUT_WARMUP_SECONDS)
     assert scheduler._drain_rate("new") == 20.0  # twice the 19 it achieved, held to its pace
-    scheduler._measure_throughput(1.0, now=101.0 + THROUGHPUT_WARMUP_SECONDS)  # none ended: held here now
+    # None of its URLs ran: held by this worker's slots (others over their reservations), not by
+    # its site; measured, its URLs were parked 1 s apart (bench.peer_img2dataset).
+    scheduler._measure_throughput(1.0, now=101.0 + THROUGHPUT_WARMUP_SECONDS)
+    assert scheduler._drain_rate("new") == 20.0
+    scheduler._inflight["new"] = 1  # one ran, none ended: held by its site
+    scheduler._measure_throughput(1.0, now=102.0 + THROUGHPUT_WARMUP_SECONDS)
     assert scheduler._drain_rate("new") == 2 * (19 + THROUGHPUT_SMOOTHING * (0 - 19))
+
+
+async def test_with_every_slot_taken_a_freed_slot_goes_to_the_reserved_sources_in_turn() -> None:
+    """Taken in the same order each time, the first sources took every slot that freed: a 200 req/s
+    source with 6 slots reserved had none running for 6 s (bench.peer_img2dataset)."""
+    started: list[str] = []
+
+    async def crawl(request: CrawlRequest) -> float:
+        started.append(request.source)
+        await asyncio.sleep(60)
+        return 0.0
+
+    scheduler = make(FakeFeed([]), await redis_with({}), crawl, max_tasks=1)
+    for source in ("a", "b", "c"):
+        scheduler._pending[source] = deque(Job(URLS_0, n, CrawlRequest(f"http://{source}.example/{n}.jpg",
+                                                                       f"{source}-{n}", source)) for n in range(5))
+    scheduler._reserved = {"a": 1, "b": 1, "c": 1}  # more reserved than there are slots: none shared
+    scheduler._dispatch()
+    for _ in range(5):  # each crawl that ends frees the one slot
+        await asyncio.sleep(0.01)
+        running = next(iter(scheduler._tasks))
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    await asyncio.sleep(0.01)
+    assert len(started) == 6 and set(started[:3]) == set(started[3:]) == {"a", "b", "c"}, started
+    for task in list(scheduler._tasks):
+        task.cancel()
+    await asyncio.gather(*scheduler._tasks, return_exceptions=True)
