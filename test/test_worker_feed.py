@@ -41,21 +41,27 @@ async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kaf
     assert sorted(read) == sorted([(p, n) for p in (0, 1, 3) for n in range(3)] + [(2, 2)])
 
 
-async def test_a_partition_paused_at_a_rebalance_is_read_again_from_its_commit(kafka_hosts: str, unique: str) -> None:
-    # librdkafka keeps a partition's pause across a revoke and re-assignment; the scheduler
-    # starts every assigned partition unpaused, so a source paused at that moment was never
-    # read again (issue 20). What it had read but not finished comes again from the commit.
-    topic, group = f"urls.paused{unique}", f"paused-{unique}"
+async def two_partitions_of_four(kafka_hosts: str, topic: str, group: str) -> tuple[AsyncConsumer, KafkaFeed]:
+    """``topic`` with 4 messages in each of its 2 partitions (and ``{topic}b``, empty, to subscribe
+    to later: an eager rebalance), and a feed of ``group`` subscribed to it."""
     ensure_topics(kafka_hosts, [topic, f"{topic}b"], 2)
     producer = Producer(producer_config(kafka_hosts))
     for partition in range(2):
         for n in range(4):
             producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
     assert producer.flush(30) == 0
-
     consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
     feed = KafkaFeed(consumer, group)
     await feed.subscribe([topic])
+    return consumer, feed
+
+
+async def test_a_partition_paused_at_a_rebalance_is_read_again_from_its_commit(kafka_hosts: str, unique: str) -> None:
+    # librdkafka keeps a partition's pause across a revoke and re-assignment; the scheduler
+    # starts every assigned partition unpaused, so a source paused at that moment was never
+    # read again (issue 20). What it had read but not finished comes again from the commit.
+    topic, group = f"urls.paused{unique}", f"paused-{unique}"
+    consumer, feed = await two_partitions_of_four(kafka_hosts, topic, group)
     before: list[tuple[int, int]] = []
     after: list[tuple[int, int]] = []
     timings: list[dict[str, float]] = []  # each assignment's, for worker_partitions
@@ -91,16 +97,7 @@ async def test_what_finished_after_the_last_commit_is_committed_when_the_partiti
     positions offered since the last commit are committed in the revocation itself, so the
     next owner does not crawl them again."""
     topic, group = f"urls.revoked{unique}", f"revoked-{unique}"
-    ensure_topics(kafka_hosts, [topic, f"{topic}b"], 2)
-    producer = Producer(producer_config(kafka_hosts))
-    for partition in range(2):
-        for n in range(4):
-            producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
-    assert producer.flush(30) == 0
-
-    consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
-    feed = KafkaFeed(consumer, group)
-    await feed.subscribe([topic])
+    consumer, feed = await two_partitions_of_four(kafka_hosts, topic, group)
     before: list[tuple[int, int]] = []
     after: list[tuple[int, int]] = []
     assignments = 0

@@ -531,3 +531,17 @@ async def test_with_every_slot_taken_a_freed_slot_goes_to_the_reserved_sources_i
     for task in list(scheduler._tasks):
         task.cancel()
     await asyncio.gather(*scheduler._tasks, return_exceptions=True)
+
+
+async def test_a_crawl_revoked_before_its_first_step_gives_its_slot_back() -> None:
+    """A task cancelled before it starts never enters its body: its slot comes back all the same."""
+    scheduler = make(FakeFeed([]), await redis_with({}), never_ends, max_tasks=3)
+    scheduler._pending["a"] = deque(Job(URLS_0, n, CrawlRequest(f"http://a.example/{n}.jpg", f"a-{n}", "a"))
+                                    for n in range(3))
+    scheduler._assigned.add(URLS_0)
+    scheduler._reserved = {"a": 3}
+    scheduler._dispatch()
+    assert scheduler._total == 3
+    await scheduler._rebalanced([], [URLS_0], {})  # no await between: none has started
+    await asyncio.sleep(0.01)
+    assert (scheduler._total, dict(scheduler._inflight), scheduler._tasks, scheduler._crawling) == (0, {}, set(), {})

@@ -153,6 +153,7 @@ NEW_SOURCE_REFRESH = 0.2      # seconds: how soon a source new to this worker ha
 # it holds this many more than twice the sources with work: bounded, and not rebuilt every refresh.
 FORGET_ABOVE = 2000
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
+OFFER_INTERVAL = 0.1          # seconds between positions offered for a revocation's commit
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
 # A source's queue here holds this many seconds of its rate (or twice its slots, if more);

@@ -23,6 +23,8 @@ crash re-delivers rather than loses (at-least-once).
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -43,8 +45,8 @@ from worker import metrics
 from worker.admission import Admission
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, FAST_SOURCE_RATE, FORGET_ABOVE,
-                              LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, PARK_DEFAULT_SECONDS,
-                              PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, POLL_BATCH, POLL_TIMEOUT,
+                              LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL,
+                              PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, POLL_BATCH, POLL_TIMEOUT,
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
                               SLOW_PARTITIONS_PAUSE_AT, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
 from worker.feed import TP, Feed, Record
@@ -112,6 +114,7 @@ class Scheduler:
         self._next_refresh = 0.0
         self._last_refresh = 0.0
         self._next_commit = 0.0
+        self._next_offer = 0.0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -131,10 +134,11 @@ class Scheduler:
                 self._reallocate()
                 self._dispatch()
                 await self._bound_reading()
-                if time.monotonic() >= self._next_commit:
+                now = time.monotonic()
+                if now >= self._next_commit:
                     await self._commit()
-                else:
-                    self._offer_positions()
+                elif now >= self._next_offer:
+                    self._offer_positions(now)
         finally:
             await cancel_and_wait({probe})
             await self._drain()
@@ -439,6 +443,7 @@ class Scheduler:
         self._tasks.add(task)
         if source is not None:
             self._crawling.setdefault(job.tp, set()).add(task)
+        task.add_done_callback(functools.partial(self._task_done, job, source, work))
 
     async def _finish_after(self, job: Job, source: str | None, work: Awaitable[float]) -> None:
         try:
@@ -455,20 +460,25 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - a bug: keep the offset unfinished rather than lose the URL
             log_event(EVENT_TASK_CRASHED, topic=job.tp[0], partition=job.tp[1], offset=job.offset,
                       error=repr(exc)[:500])
-        finally:
-            task = asyncio.current_task()
-            self._tasks.discard(task)
-            if source is not None:
-                crawling = self._crawling.get(job.tp)
-                if crawling is not None:
-                    crawling.discard(task)
-                    if not crawling:
-                        del self._crawling[job.tp]
-                self._inflight[source] -= 1
-                if not self._inflight[source]:  # kept small: _dispatch sums over it at each task's end
-                    del self._inflight[source]
-                self._total -= 1
-                self._dispatch()
+
+    def _task_done(self, job: Job, source: str | None, work: Awaitable[float], task: asyncio.Future) -> None:
+        """A task's slot back, however it ended: a callback, not a ``finally`` in the task, since a
+        task cancelled before its first step (a revoked partition's crawl) never enters its body."""
+        if inspect.iscoroutine(work):
+            work.close()  # not started if cancelled first: closed, not "never awaited"
+        self._tasks.discard(task)
+        if source is None:
+            return
+        crawling = self._crawling.get(job.tp)
+        if crawling is not None:
+            crawling.discard(task)
+            if not crawling:
+                del self._crawling[job.tp]
+        self._inflight[source] -= 1
+        if not self._inflight[source]:  # kept small: _dispatch sums over it at each task's end
+            del self._inflight[source]
+        self._total -= 1
+        self._dispatch()
 
     def _set_pending(self, source: str, queue: deque[Job]) -> None:
         if queue:
@@ -578,9 +588,11 @@ class Scheduler:
         slots, keep the site's rate."""
         return max(self.rates.get(source, 0.0), self._limits.get(source, 0.0))
 
-    def _offer_positions(self) -> None:
+    def _offer_positions(self, now: float) -> None:
         """What finished since the last commit, for the feed to commit if the partition is revoked
-        before the next one (``KafkaFeed.offer_positions``)."""
+        before the next one (``KafkaFeed.offer_positions``); every OFFER_INTERVAL, not every round:
+        each partition's position is the least of its unfinished offsets, thousands at a time."""
+        self._next_offer = now + OFFER_INTERVAL
         self._feed.offer_positions({tp: position for tp, offsets in self._offsets.items()
                                     if tp in self._assigned and (position := offsets.committable()) is not None})
 
