@@ -190,6 +190,22 @@ async def test_no_token_no_request_and_waiters_do_not_busy_loop(server, http) ->
     await asyncio.gather(*waiters, return_exceptions=True)
 
 
+async def test_the_wait_behind_the_sources_other_waiters_counts_as_token_wait(server, http) -> None:
+    """A source's tasks beyond its turns wait for the turn, not for the site or the worker: that
+    wait is its rate's, and counted as work it made a source's latency, and so its slots, grow
+    with its own tasks waiting (bench.peer_img2dataset)."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 0)
+    fetcher = make_fetcher(http, redis)  # no rate known: one turn
+    url = str(server.make_url("/image"))
+    first, second = (asyncio.create_task(fetcher.fetch(url, SOURCE)) for _ in range(2))
+    await asyncio.sleep(0.6)
+    await redis.set(tokens_key(SOURCE), 2)
+    fetched = await asyncio.gather(first, second)
+    assert [f.status for f in fetched] == [200, 200]
+    assert min(f.token_wait for f in fetched) >= 0.5
+
+
 async def test_a_fast_source_waits_in_several_turns_a_slow_one_in_one() -> None:
     """A turn passes a token only every few rounds of the event loop: one turn of a busy worker
     served 25-45 tokens a second, and a 100 req/s source got 30-53% of its limit beside 5,000

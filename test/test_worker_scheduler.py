@@ -505,6 +505,25 @@ async def test_a_sources_first_seconds_here_do_not_size_its_queue() -> None:
     assert scheduler._drain_rate("new") == 2 * (19 + THROUGHPUT_SMOOTHING * (0 - 19))
 
 
+async def test_a_source_measured_with_few_slots_is_sized_by_what_its_running_tasks_sustain() -> None:
+    """Measured while the other sources held most of the slots, a 200 req/s source achieved 3 a
+    second; with its share of slots running it sustained 13, but its URLs were parked at 2 x 3 a
+    second, up to 13 s ahead, and the crawl's last seconds were that source alone
+    (bench.peer_img2dataset)."""
+    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0))
+    scheduler.rates["s"], scheduler._last_refresh = 200.0, 1.0
+    scheduler._paced.add("s")
+    scheduler._pending["s"] = deque([Job(URLS_0, 0, None)])
+    scheduler._measure_throughput(1.0, now=100.0)
+    scheduler._ended["s"] = 3
+    scheduler._measure_throughput(1.0, now=100.0 + THROUGHPUT_WARMUP_SECONDS)
+    assert scheduler._drain_rate("s") == 2 * 3.0  # nothing running: what it achieved
+    scheduler._inflight["s"], scheduler._latency["s"] = 45, 3.5
+    assert abs(scheduler._drain_rate("s") - 2 * 45 / 3.5) < 1e-9
+    scheduler._inflight["s"] = 400  # never above its pace
+    assert scheduler._drain_rate("s") == 200.0
+
+
 async def test_with_every_slot_taken_a_freed_slot_goes_to_the_reserved_sources_in_turn() -> None:
     """Taken in the same order each time, the first sources took every slot that freed: a 200 req/s
     source with 6 slots reserved had none running for 6 s (bench.peer_img2dataset)."""

@@ -574,10 +574,19 @@ class Scheduler:
         commit at its oldest URL. Parked URLs are spaced by it too, except during a slow start
         (by the limit then: spaced by what a source achieved while its grant climbed, a 100
         req/s source's URLs were parked up to an hour ahead and it never got past 8% of its
-        limit, bench.sources); an interval in which its queue ran dry does not count."""
+        limit, bench.sources); an interval in which its queue ran dry does not count.
+
+        Nor below twice what its tasks running now sustain (running / latency, Little's law): what
+        it achieved is history, and a source measured while the others held most of the slots
+        (its rate read after theirs) had its URLs parked at 5 req/s of its 200, up to 13 s
+        ahead, and the crawl's last 5 s were that source alone (bench.peer_img2dataset). Held
+        by its site, what it sustains is what it achieves."""
         rate = self._pace(source)
         achieved = self._throughput.get(source)
-        return rate if achieved is None else min(rate, max(2 * achieved, 1.0))
+        if achieved is None:
+            return rate
+        sustained = self._inflight.get(source, 0) / max(self._latency.get(source, DEFAULT_LATENCY), 1e-3)
+        return min(rate, max(2 * max(achieved, sustained), 1.0))
 
     def _pace(self, source: str) -> float:
         """The rate a source's slots, queue and parked URLs are sized by: what it is granted now,
