@@ -119,7 +119,7 @@ class Fetcher:
                 # The turn's wait is a wait for the source's tokens too (its other tasks hold them).
                 # Counted as work, it made a source's latency grow with its own tasks waiting: in
                 # their slow start the sources whose rates were read first (most slots) measured
-                # 6 s a URL, the others 1.5-1.8, and so kept 3-4 times the slots of the others
+                # 4-6 s a URL, the others 1.5-2.8, and so kept 2-4 times the slots of the others
                 # (bench.peer_img2dataset).
                 waited += time.monotonic() - turn_asked
                 waited += await self._tokens.until_available(source)
