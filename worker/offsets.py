@@ -38,12 +38,16 @@ class PartitionOffsets:
         return position
 
 
+def committable_positions(partitions: dict[TP, PartitionOffsets]) -> dict[TP, int]:
+    """Each partition's lowest unfinished offset, where that moved past its last commit."""
+    return {tp: position for tp, offsets in partitions.items() if (position := offsets.committable()) is not None}
+
+
 async def commit_finished(commit: Callable[[dict[TP, int]], Awaitable[bool]],
                           partitions: dict[TP, PartitionOffsets]) -> None:
     """Commit each partition up to its lowest unfinished offset, where that moved; remember
     what the broker accepted (a refused commit is retried with the next)."""
-    positions = {tp: position for tp, offsets in partitions.items()
-                 if (position := offsets.committable()) is not None}
+    positions = committable_positions(partitions)
     if positions and await commit(positions):
         for tp, position in positions.items():
             partitions[tp].committed = position

@@ -50,7 +50,7 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LAT
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
                               SLOW_PARTITIONS_PAUSE_AT, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
 from worker.feed import TP, Feed, Record
-from worker.offsets import PartitionOffsets, commit_finished
+from worker.offsets import PartitionOffsets, commit_finished, committable_positions
 from worker.task import deliver
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
 from worker.waiting import parked_message, wait_message
@@ -602,13 +602,15 @@ class Scheduler:
         before the next one (``KafkaFeed.offer_positions``); every OFFER_INTERVAL, not every round:
         each partition's position is the least of its unfinished offsets, thousands at a time."""
         self._next_offer = now + OFFER_INTERVAL
-        self._feed.offer_positions({tp: position for tp, offsets in self._offsets.items()
-                                    if tp in self._assigned and (position := offsets.committable()) is not None})
+        self._feed.offer_positions(committable_positions(self._owned_offsets()))
 
     async def _commit(self) -> None:
         self._next_commit = time.monotonic() + COMMIT_INTERVAL
-        await commit_finished(self._feed.commit,
-                              {tp: offsets for tp, offsets in self._offsets.items() if tp in self._assigned})
+        await commit_finished(self._feed.commit, self._owned_offsets())
+
+    def _owned_offsets(self) -> dict[TP, PartitionOffsets]:
+        """The offsets of the partitions this worker owns now: only those may be committed."""
+        return {tp: offsets for tp, offsets in self._offsets.items() if tp in self._assigned}
 
     async def _drain(self) -> None:
         """Stop taking work, let requests in flight finish (bounded), commit what finished."""
