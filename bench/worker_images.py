@@ -257,13 +257,14 @@ async def sinks(stack: AsyncExitStack, use_stack: bool):
     """(redis, producer, thumbnails): in-memory, or the real clients on a local stack."""
     if not use_stack:
         return _NullRedis(), _NullProducer(), FakeThumbnails()
-    import redis.asyncio as aioredis
+    from common.redis_client import bounded_redis
+    from worker.constants import REDIS_MAX_CONNECTIONS
     from common.kafka import AsyncProducer, producer_config
     from devstack.stack import LocalStack
     from worker.thumbnails import s3_thumbnails
     addresses = stack.enter_context(LocalStack())
     settings = Settings.from_env(addresses.environment())
-    redis = aioredis.from_url(addresses.redis_url, decode_responses=True)
+    redis = bounded_redis(addresses.redis_url, REDIS_MAX_CONNECTIONS)  # the worker's own client
     stack.push_async_callback(redis.aclose)
     await redis.set(tokens_key(SOURCE), 10**12)  # no regulator here: every request may go
     producer = AsyncProducer(producer_config(addresses.kafka_hosts))

@@ -4,10 +4,14 @@ redis-py's default asyncio pool raises ``MaxConnectionsError`` once its 100
 connections are in use; at thousands of sources a worker's tasks reached that
 (issue 20: 3,674 ``infra_retry`` at 5,000 sources). Running out of
 connections is load, not an outage: a caller waits for the next free one.
+
+Its registered scripts (a worker's token and stats per request) run over one
+pipelined connection of their own instead (``common.redis_scripts``).
 """
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from common.redis_scripts import PipelinedScriptsRedis
 from redis.exceptions import (DataError, ExecAbortError, NoPermissionError, NoScriptError, OutOfMemoryError,
                               ReadOnlyError, ResponseError)
 
@@ -19,10 +23,11 @@ _SERVER_STATE_PREFIXES = ("BUSY", "MISCONF", "MASTERDOWN", "CLUSTERDOWN", "TRYAG
 
 
 def bounded_redis(url: str, max_connections: int) -> aioredis.Redis:
-    """A client over at most ``max_connections`` connections; a caller past them waits for one."""
+    """A client over at most ``max_connections`` connections; a caller past them waits for one.
+    Its scripts use one more connection, shared by all their calls."""
     pool = aioredis.BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=max_connections,
                                                     timeout=None)
-    return aioredis.Redis.from_pool(pool)
+    return PipelinedScriptsRedis.from_pool(pool)
 
 
 def refuses_the_value(exc: BaseException) -> bool:

@@ -101,8 +101,9 @@ async def redis_url(redis_server_url: str) -> str:
 
 @pytest.fixture
 async def redis_client(redis_url: str):
-    import redis.asyncio as aioredis
-    client = aioredis.from_url(redis_url, decode_responses=True)
+    """The client the processes use (``common.redis_client``), on the test server."""
+    from common.redis_client import bounded_redis
+    client = bounded_redis(redis_url, 16)
     yield client
     await client.aclose()
 
