@@ -42,6 +42,11 @@ REQUESTS_PER_PROCESS = 2
 # Pool processes run at this nice value: on a busy machine the image work yields
 # the CPU to the event loop, whose timing is what keeps requests evenly spaced.
 IMAGE_PROCESS_NICENESS = 10
+# A pool process's C allocator keeps this much freed memory for the next image instead of
+# giving it back to the kernel, which handed it out again as fresh pages: ~90-160 page
+# faults an image (docs/decisions.md, "Freed memory kept in the pool processes"). Above
+# Pillow's 16 MB blocks, so that an image's blocks are reused too.
+IMAGE_PROCESS_KEPT_FREE_BYTES = 32 << 20
 
 # --- Downloads (worker/http_client.py, worker/shared_memory.py) ----------------------
 # A body is received straight into a shared-memory segment, backed a step at a time as

@@ -7,12 +7,14 @@ with every worker pair, and one more each time a pool process dies.
 """
 from __future__ import annotations
 
+import ctypes
 import pickle
 import socket
 import struct
 from typing import Any
 
 from common.process import die_with_parent
+from worker.constants import IMAGE_PROCESS_KEPT_FREE_BYTES
 from worker.imaging import Analysis, analyze
 
 LENGTH = struct.Struct("!Q")  # the length prefix of each request and answer
@@ -35,9 +37,23 @@ def analyze_shared(path: str, size: int, target_resolution: int) -> Analysis:
     return analyze(data, target_resolution)
 
 
+def keep_freed_memory(limit: int) -> bool:
+    """Have glibc's allocator keep up to ``limit`` bytes of freed memory (allocations below it
+    come from the heap, which is not trimmed below it): each image's buffers then reuse the
+    last image's pages. False where the C library has no ``mallopt`` (musl, macOS): the
+    allocator keeps its own ways, which only costs page faults."""
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(m_mmap_threshold, limit)) and bool(mallopt(m_trim_threshold, limit))
+
+
 def serve(sock: socket.socket, parent_pid: int) -> None:
     """A pool process: answer requests in order until the worker closes the socket."""
     die_with_parent(parent_pid)
+    keep_freed_memory(IMAGE_PROCESS_KEPT_FREE_BYTES)
     with sock:
         while True:
             try:
