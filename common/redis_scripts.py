@@ -41,7 +41,7 @@ class ScriptPipe:
     def __init__(self, pool: aioredis.ConnectionPool):
         self._pool = pool
         self._connection: _Connection | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._connecting = asyncio.Lock()  # one connection, however many callers found none
         self._closed = False
 
     async def call(self, *args: Any) -> Any:
@@ -53,9 +53,7 @@ class ScriptPipe:
         return await connection.send(request)
 
     async def _connect(self) -> _Connection:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:  # one connection, however many callers found none
+        async with self._connecting:
             if self._closed:
                 raise RedisConnectionError("the script connection is closed")
             if self._connection is None or self._connection.lost:
@@ -115,8 +113,8 @@ def pack(args: Sequence[Any]) -> bytes:
 
 def _encode(value: Any) -> bytes:
     """As redis-py's ``Encoder``: bytes as they are, text as UTF-8, numbers as their repr."""
-    if isinstance(value, bytes):
-        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
     if isinstance(value, str):
         return value.encode()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
