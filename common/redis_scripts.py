@@ -6,7 +6,8 @@ stats, ``worker.stats``). Through redis-py each call cost ~180-230 us of the wor
 parsing layers): a fifth of the event loop's time in ``bench.peer_img2dataset``. Here every
 task's ``EVALSHA`` is written at once to one connection and its reply matched to it in
 order (Redis answers a connection's commands in the order they came), parsed by hiredis:
-~35 us a call (``docs/decisions.md``, "Scripts over one pipelined connection").
+59-211 us a call against redis-py's 240-393 (``docs/decisions.md``, "Per-image CPU and the
+servers' share": "scripts over one pipelined connection").
 
 The connection is made from the client's own pool settings (address, TLS, credentials,
 database), so a ``REDIS_URL`` means the same here as everywhere else. Replies and errors
@@ -28,10 +29,11 @@ from typing import Any
 import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser  # the error-reply -> exception mapping redis-py uses
+from redis._parsers.encoders import Encoder
 from redis.commands.core import AsyncScript
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
@@ -40,13 +42,14 @@ class ScriptPipe:
 
     def __init__(self, pool: aioredis.ConnectionPool):
         self._pool = pool
+        self._encoder = pool.get_encoder()  # redis-py's, so a value is sent (or refused) as it would be
         self._connection: _Connection | None = None
         self._connecting = asyncio.Lock()  # one connection, however many callers found none
         self._closed = False
 
     async def call(self, *args: Any) -> Any:
         """Send one command and return its reply (an error reply raised as redis-py would)."""
-        request = pack(args)  # before connecting: a value Redis cannot take is refused at once
+        request = pack(args, self._encoder)  # before connecting: a value Redis cannot take is refused at once
         connection = self._connection
         if connection is None or connection.lost:
             connection = await self._connect()
@@ -102,24 +105,14 @@ class PipelinedScriptsRedis(aioredis.Redis):
         await super().aclose(close_connection_pool)
 
 
-def pack(args: Sequence[Any]) -> bytes:
-    """A command in RESP: an array of bulk strings."""
-    parts = [b"*%d\r\n" % len(args)]
+def pack(args: Sequence[Any], encoder: Encoder) -> bytes:
+    """A command in RESP: an array of bulk strings, each value encoded by redis-py's ``encoder``
+    (which raises ``DataError`` for a value it cannot send)."""
+    parts: list[bytes | bytearray | memoryview] = [b"*%d\r\n" % len(args)]
     for arg in args:
-        data = _encode(arg)
+        data = encoder.encode(arg)
         parts += (b"$%d\r\n" % len(data), data, b"\r\n")
     return b"".join(parts)
-
-
-def _encode(value: Any) -> bytes:
-    """As redis-py's ``Encoder``: bytes as they are, text as UTF-8, numbers as their repr."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(value).encode()
-    raise DataError(f"Invalid input of type: '{type(value).__name__}'. Convert to a bytes, string, int or float first.")
 
 
 class _Connection(asyncio.Protocol):
@@ -198,9 +191,9 @@ async def _open(pool: aioredis.ConnectionPool) -> _Connection:
     try:
         if settings.password is not None:
             credentials = (settings.username, settings.password) if settings.username else (settings.password,)
-            await connection.send(pack(("AUTH", *credentials)))
+            await connection.send(pack(("AUTH", *credentials), encoder))
         if settings.db:
-            await connection.send(pack(("SELECT", settings.db)))
+            await connection.send(pack(("SELECT", settings.db), encoder))
     except BaseException:
         connection.close()
         raise
