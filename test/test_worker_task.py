@@ -203,6 +203,26 @@ async def test_broker_outage_is_waited_out_not_an_outcome(monkeypatch) -> None:
     assert REGISTRY.get_sample_value("crawler_worker_infra_retries_total", {"service": "kafka"}) == retries + 3
 
 
+async def test_outage_retries_double_to_a_cap_each_jittered_down_by_up_to_half(monkeypatch, capsys) -> None:
+    """Capped, so a task is back soon after its server; jittered, so a fleet's tasks that failed
+    together do not all retry in the same instant."""
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.002)
+    monkeypatch.setattr(task_module, "INFRA_RETRY_MAX_DELAY", 0.016)
+    failures = iter(range(8))
+
+    async def flaky() -> str:
+        if next(failures, None) is not None:
+            raise ConnectionError("down")
+        return "up"
+
+    assert await task_module.persist("redis", flaky) == "up"
+    waits = [line["retry_in"] for line in logged(capsys.readouterr().out, EVENT_INFRA_RETRY)]
+    nominal = [min(0.002 * 2 ** i, 0.016) for i in range(8)]
+    assert len(waits) == 8
+    assert all(d / 2 - 1e-3 <= w <= d + 1e-3 for w, d in zip(waits, nominal, strict=True)), (waits, nominal)
+    assert len(set(waits[3:])) > 1, waits  # the capped waits differ: jittered
+
+
 async def test_redis_outage_before_the_request_is_waited_out(monkeypatch) -> None:
     monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
     run = await Run(ok(image_bytes("JPEG")), redis_down_for=2)()
@@ -331,6 +351,18 @@ async def test_a_store_wide_s3_failure_is_still_waited_out(monkeypatch) -> None:
     run.task._thumbnails = RefusingThumbnails(S3PutFailed("HTTP 403 SignatureDoesNotMatch"), refuse=2)
     await run()
     assert set(run.outcomes()) == {METADATA_TOPIC} and "uuid-1" in run.task._thumbnails.stored
+
+
+async def test_the_seconds_waiting_out_an_outage_are_not_the_tasks_work(monkeypatch) -> None:
+    """What ``process`` returns sizes the source's share of the worker: counted as work, an S3
+    outage parked the sources' URLs 1 s apart (test_s3_outage_mid_crawl_thumbnails_wait)."""
+    monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.2)
+    run = Run(ok(image_bytes("JPEG")))
+    run.task._thumbnails = RefusingThumbnails(S3PutFailed("HTTP 503 SlowDown"), refuse=3)
+    started = asyncio.get_running_loop().time()
+    work = await run.task.process(run.request)
+    assert asyncio.get_running_loop().time() - started >= 0.3  # waited 0.1-0.2, 0.2-0.4, 0.4-0.8 s
+    assert 0 <= work < 0.1 and "uuid-1" in run.task._thumbnails.stored
 
 
 @pytest.mark.parametrize("topic, result", [
