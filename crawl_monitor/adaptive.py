@@ -266,6 +266,26 @@ class Adaptation:
         # Slow-starting source -> (when last read, its open buckets' counts then), for the answers since.
         self._open_counts: dict[str, tuple[float, dict[int, tuple[dict[int, int], int]]]] = {}
 
+    async def meet(self, sources: Iterable[str]) -> None:
+        """Read the saved state and switch of the sources not in memory, before their first grant.
+
+        Met at their first ``effective`` instead, they were granted a slow start's tenth until
+        the next ``update``: after each monitor restart every source's rate read 1 req/s of 6
+        for a second, the workers that read it parked 23 URLs a source 1 s apart, and the crawl's
+        last 30 s ran at 1 req/s a source (test_monitor_stopped_requests_stop_then_resume)."""
+        new = [source for source in sources if source not in self.controllers]
+        if not new:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.mget([contracts.adaptive_off_key(source) for source in new])
+            for source in new:
+                pipe.hgetall(contracts.adaptive_key(source))
+            switches, *saved = await pipe.execute()
+        for source, switch, raw in zip(new, switches, saved, strict=True):
+            self.controllers[source] = Controller.restored(raw) if raw else Controller()
+            if switch is not None:
+                self.disabled.add(source)
+
     def effective(self, source: str, ceiling: float) -> float:
         """The rate to grant a source whose limit is ``ceiling`` (req/s) this second."""
         self._ceilings[source] = ceiling

@@ -105,19 +105,27 @@ class Regulator:
         if lookup:
             self._adopt_list_sizes(lookup, counts[0])
 
-        grants: dict[str, int] = {}
-        rates: dict[str, float] = {}
+        configured: dict[str, float | None] = {}
+        held: set[str] = set()  # halted, temporarily halted or paused: 0 whatever its rate
         for source, override, retry_after in zip(sources, overrides, retry_afters, strict=True):
-            rate = self._configured_rate(source, override)
+            configured[source] = rate = self._configured_rate(source, override)
             if rate is not None:
                 self._limits[source] = rate
-            if rate is None:
+                if source in halted or source in temp_halted or self._paused(source, retry_after, now):
+                    held.add(source)
+        if self._adaptation is not None:
+            await self._adaptation.meet([s for s, rate in configured.items() if rate is not None and s not in held])
+
+        grants: dict[str, int] = {}
+        rates: dict[str, float] = {}
+        for source, limit in configured.items():
+            if limit is None:
                 self._report_unknown(source, now)
                 rate = 0.0
-            elif source in halted or source in temp_halted or self._paused(source, retry_after, now):
+            elif source in held:
                 rate = 0.0
-            elif self._adaptation is not None:
-                rate = self._adaptation.effective(source, rate)
+            else:
+                rate = limit if self._adaptation is None else self._adaptation.effective(source, limit)
             grants[source] = self._take_tokens(source, rate)
             rates[source] = rate
 
