@@ -4,7 +4,7 @@ A worker SIGKILLed mid-crawl, Redis, the broker and S3 restarted mid-crawl,
 the monitor stopped and restarted, every worker stopped together and one
 started, and a flood of hostile inbound messages. The crawls here use
 well-behaved sites (no random 500s or 429s) so every URL has one right
-outcome, and are sized to last ~20-30 s.
+outcome, and are sized to last ~17 s undisturbed.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ MONITOR_DOWN = 5.0    # seconds the monitor stays stopped
 REDIS_DOWN = 4.0
 
 
-def fault_web(prefix: str, log_dir: Path, urls_per_source: int = 150) -> tuple[SimWeb, list]:
-    """Four clean sources at 6 req/s: ~25 s of crawling for 600 URLs, limits binding."""
+def fault_web(prefix: str, log_dir: Path, urls_per_source: int = 100) -> tuple[SimWeb, list]:
+    """Four clean sources at 6 req/s: ~17 s of crawling for 400 URLs, limits binding."""
     behaviours = [Behaviour(rate=6, urls=urls_per_source, latency=0.02 * i,
                             robots_txt=DISALLOW_PRIVATE if i % 2 else None) for i in range(4)]
     specs, plan = standard_web(len(behaviours), len(behaviours) * urls_per_source, prefix, behaviours)
