@@ -213,8 +213,10 @@ async def test_what_a_worker_holds_is_bounded_whatever_the_number_of_sources() -
         return 0.01
 
     scheduler = make(feed, await redis_with({}), handle, max_tasks=10, max_queued=100)
-    await run_until(scheduler, lambda: len(feed.paused) == 4 and not release.set())
-    assert 100 <= scheduler._queued + scheduler._total <= 100 + 50 + 10
+    held: list[int] = []  # when every partition is paused (a stop parks what is queued)
+    await run_until(scheduler, lambda: len(feed.paused) == 4
+                    and not held.append(scheduler._queued + scheduler._total) and not release.set())
+    assert 100 <= held[-1] <= 100 + 50 + 10
     assert len(feed.records) >= 300 - 160
 
 
@@ -248,7 +250,10 @@ async def test_invalid_message_goes_to_rejected_messages_and_is_committed() -> N
     assert feed.committed()[URLS_0] == 1
 
 
-async def test_stop_finishes_requests_in_flight_and_abandons_token_waiters(monkeypatch) -> None:
+async def test_stop_finishes_requests_in_flight_and_parks_token_waiters(monkeypatch) -> None:
+    """Left unfinished, the waiters held the partition's commit and the next owner read again all
+    that finished above them: 1,296 requests for 592 URLs after two stops of every worker
+    (test_all_workers_stopped_together_then_one_started). Parked, the commit passes them."""
     feed = FakeFeed(records("a", 4))
     redis = await redis_with({"a": 50.0})  # paced 20 ms apart: both go at once
     await redis.set("currtokens:a", 2)  # two can go; two wait for tokens that never come
@@ -261,14 +266,34 @@ async def test_stop_finishes_requests_in_flight_and_abandons_token_waiters(monke
         finished.append(request.uuid)
         return 0.3
 
-    scheduler = Scheduler(feed, redis, handle, FakeProducer(), tokens, {}, max_tasks=10, shutdown_timeout=5.0)
+    producer = FakeProducer()
+    scheduler = Scheduler(feed, redis, handle, producer, tokens, {}, max_tasks=10, shutdown_timeout=5.0)
     runner = asyncio.create_task(scheduler.run())
     await asyncio.sleep(0.45)  # its rate is read 0.2 s after its first URL: two slots from then
     scheduler.stop()
     async with asyncio.timeout(5):
         await runner
     assert sorted(finished) == ["a-0", "a-1"]
-    assert feed.committed()[URLS_0] == 2  # a-2 and a-3 stay for the next worker
+    assert sorted(m["uuid"] for m in parked(producer)) == ["a-2", "a-3"]  # nothing was sent for them
+    assert feed.committed()[URLS_0] == 4
+
+
+async def test_stop_parks_the_queued_urls_and_commits_past_them() -> None:
+    feed = FakeFeed(records("a", 30))
+    producer = FakeProducer()
+    crawled: list[str] = []
+
+    async def handle(request: CrawlRequest) -> float:
+        await asyncio.sleep(0.2)
+        crawled.append(request.uuid)
+        return 0.2
+
+    scheduler = make(feed, await redis_with({"a": 5.0}), handle, max_tasks=2, producer=producer)
+    await run_until(scheduler, lambda: not feed.records and len(crawled) == 2 and scheduler._queued > 20)
+    # The one running when it stopped finished; the rest were parked, and the commit passed them all.
+    assert sorted(crawled + [m["uuid"] for m in parked(producer)]) == sorted(f"a-{i}" for i in range(30))
+    assert len(crawled) == 3 and feed.committed()[URLS_0] == 30
+
 
 
 async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
@@ -381,10 +406,10 @@ async def test_an_unjudged_sources_urls_wait_in_its_queue_not_parked_for_a_turn(
         redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "6.0", ADAPTIVE_SLOW_START_FIELD: "0"}
         await until(lambda: len(parked(producer)) > 0)
         await asyncio.sleep(0.3)
+        assert len(scheduler._pending["new"]) <= scheduler._queue_limit("new") < len(parked(producer))
     finally:
         scheduler.stop()
         await runner
-    assert len(scheduler._pending["new"]) <= scheduler._queue_limit("new") < len(parked(producer))
 
 
 async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its_limit() -> None:

@@ -456,7 +456,9 @@ class Scheduler:
             if job.tp in self._offsets and source is not None:
                 self._park(job, source)
         except ShuttingDown:
-            pass  # nothing sent: the message stays uncommitted for the next owner
+            # Stopping before its token: nothing was sent; it waits in Kafka for its turn (_drain).
+            if job.tp in self._offsets and source is not None:
+                self._park(job, source)
         except Exception as exc:  # noqa: BLE001 - a bug: keep the offset unfinished rather than lose the URL
             log_event(EVENT_TASK_CRASHED, topic=job.tp[0], partition=job.tp[1], offset=job.offset,
                       error=repr(exc)[:500])
@@ -613,13 +615,27 @@ class Scheduler:
         return {tp: offsets for tp, offsets in self._offsets.items() if tp in self._assigned}
 
     async def _drain(self) -> None:
-        """Stop taking work, let requests in flight finish (bounded), commit what finished."""
+        """Stop taking work; park the URLs queued here and those still waiting for a token; let
+        requests in flight finish and the parks be acknowledged (bounded); commit.
+
+        Left unfinished, a queued URL held its partition's commit, and whoever read the partition
+        next read again everything finished above it, parks included: three workers stopped
+        together twice in a crawl's first 20 s, and the sites saw 1,296 requests for 592 URLs
+        (test_all_workers_stopped_together_then_one_started). Parked, they come back at their
+        turn and the commit passes all that was read. What is not acknowledged in time (Kafka
+        away) stays uncommitted for the next owner, as before."""
         self._stopping.set()
         self._tokens.close()
-        log_event(EVENT_WORKER_DRAINING, tasks=len(self._tasks))
-        if self._tasks:
-            _done, late = await asyncio.wait(set(self._tasks), timeout=self._shutdown_timeout)
-            await cancel_and_wait(late)
+        log_event(EVENT_WORKER_DRAINING, tasks=len(self._tasks), queued=self._queued)
+        pending, self._pending = self._pending, {}
+        self._queued = 0
+        for source, queue in pending.items():
+            for job in queue:
+                self._park(job, source)
+        deadline = time.monotonic() + self._shutdown_timeout
+        while self._tasks and deadline > time.monotonic():  # and the parks started meanwhile
+            await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
+        await cancel_and_wait(set(self._tasks))
         await self._commit()
 
 
