@@ -210,10 +210,15 @@ def test_all_workers_stopped_together_then_one_started(crawl_env, tmp_path: Path
                 f"round {len(waits)}: the restarted worker made no request in {RESTART_REQUEST_WITHIN} s " \
                 f"(waits so far {waits}); see {tmp_path}"
         outcomes.wait(TIMEOUT, fail_if_dead(cluster))
+    asked = Counter((r.site, r.path) for r in web.all_requests() if r.path != "/robots.txt")
+    repeats = sum(n - 1 for n in asked.values())
     print(f"\n[restart] seconds from a lone worker's start to its first request: "
-          f"{[round(w, 1) for w in waits]}; duplicates {outcomes.duplicates()}")
+          f"{[round(w, 1) for w in waits]}; duplicates {outcomes.duplicates()}; repeated requests {repeats}")
     assert_outcomes(outcomes, plan)
     assert_polite(web, RESTART_WORKERS)
+    # A clean stop parks what it had not started and commits past it: when it left them queued,
+    # the next owner read again all that finished above them, 704 repeats for 592 URLs.
+    assert repeats <= 0.05 * len(plan), f"{repeats} repeated requests for {len(plan)} URLs"
 
 
 # --- Hostile input ---------------------------------------------------------------------
