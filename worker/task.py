@@ -97,11 +97,9 @@ async def persist(what: str, operation: Callable[[], Awaitable[T]],
     failed_at: float | None = None
     while True:
         attempt_at = time.monotonic()
-        if failed_at is not None:
-            outage = _outage_seconds.get()
-            if outage is not None:
-                outage[0] += attempt_at - failed_at
-            failed_at = None
+        outage = _outage_seconds.get()
+        if failed_at is not None and outage is not None:
+            outage[0] += attempt_at - failed_at
         try:
             return await operation()
         except retry_on as exc:
