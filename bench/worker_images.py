@@ -284,6 +284,9 @@ class _NullRedis(FakeRedis):
     async def get(self, key: str) -> str:
         return "1000000"
 
+    async def mget(self, keys: list[str]) -> list[str]:  # the token peeks (TokenBuckets._peek_all)
+        return ["1000000"] * len(keys)
+
     def register_script(self, script: str):
         async def always_a_token(keys: list[str], args: list[str]) -> list:
             return [0, 1_000_000, "0"]
