@@ -257,7 +257,6 @@ class Adaptation:
         self._clock = clock
         self.controllers: dict[str, Controller] = {}
         self._ceilings: dict[str, float] = {}
-        self._unrestored: set[str] = set()
         self.disabled: set[str] = set()
         self._next_bucket: int | None = None
         self._saved_as: dict[str, tuple[float, bool]] = {}  # source -> (ceiling, enabled) last saved
@@ -291,15 +290,14 @@ class Adaptation:
         self._ceilings[source] = ceiling
         self._asked_at[source] = self._clock()
         controller = self.controllers.get(source)
-        if controller is None:
+        if controller is None:  # not met (``meet``): a new source
             controller = self.controllers[source] = Controller()
-            self._unrestored.add(source)
         if source in self.disabled:
             return ceiling
         return controller.rate(ceiling)
 
     async def update(self) -> None:
-        """Once a second: the switches, any saved state of new sources, the buckets that ended,
+        """Once a second: the switches, the buckets that ended,
         and the slow-starting sources' open buckets (for the answers recorded since the last look).
 
         Only the sources the regulator granted a rate lately are considered (issue 26: not every
@@ -307,7 +305,7 @@ class Adaptation:
         began (``active_sources``) can have answers in it; only they are read, judged and saved,
         with any source whose ceiling or switch changed. A quiet source's state waits in
         memory, and in Redis; one not asked about for ADAPTIVE_FORGET_SECONDS is forgotten
-        here and restored from Redis if it comes back.
+        here and restored from Redis (``meet``) if it comes back.
         """
         now = self._clock()
         self._forget_unasked(now)
@@ -324,11 +322,8 @@ class Adaptation:
         answered = active if due else []
         starting = [source for source in active if self._slow_starting(source)]
         open_buckets = (bucket_start(now) - RESPONSE_BUCKET_SECONDS, bucket_start(now))
-        unrestored = sorted(self._unrestored)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.mget([contracts.adaptive_off_key(s) for s in sources])
-            for source in unrestored:
-                pipe.hgetall(contracts.adaptive_key(source))
             for start in due:
                 for source in answered:
                     pipe.hgetall(contracts.response_times_key(source, start))
@@ -336,15 +331,11 @@ class Adaptation:
                 for start in open_buckets:
                     pipe.hgetall(contracts.response_times_key(source, start))
             replies = await pipe.execute()
-        switches, saved, rest = replies[0], replies[1:1 + len(unrestored)], replies[1 + len(unrestored):]
+        switches, rest = replies[0], replies[1:]
         buckets, opened = rest[:len(due) * len(answered)], rest[len(due) * len(answered):]
         self.disabled = {s for s, value in zip(sources, switches, strict=True) if value is not None}
         for source in self.disabled:  # judged or not this second
             self.controllers[source].switch_off()
-        for source, raw in zip(unrestored, saved, strict=True):
-            if raw:
-                self.controllers[source] = Controller.restored(raw)
-        self._unrestored.clear()
         if due:
             self._next_bucket = due[-1] + RESPONSE_BUCKET_SECONDS
         raw_buckets = iter(buckets)
@@ -374,7 +365,6 @@ class Adaptation:
         for source in gone:
             for kept in (self._asked_at, self.controllers, self._ceilings, self._saved_as):
                 kept.pop(source, None)
-            self._unrestored.discard(source)
             self.disabled.discard(source)
 
     def _since_last_look(self, source: str, raw_buckets: dict[int, dict], now: float) -> Reading:

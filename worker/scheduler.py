@@ -451,12 +451,9 @@ class Scheduler:
             offsets = self._offsets.get(job.tp)
             if offsets is not None:
                 offsets.finish(job.offset)
-        except SourceHalted:
-            # Halted while waiting for a token: nothing was sent; the URL waits in Kafka.
-            if job.tp in self._offsets and source is not None:
-                self._park(job, source)
-        except ShuttingDown:
-            # Stopping before its token: nothing was sent; it waits in Kafka for its turn (_drain).
+        except (SourceHalted, ShuttingDown):
+            # Halted, or stopping (_drain), while waiting for a token: nothing was sent; the URL
+            # waits in Kafka for its turn.
             if job.tp in self._offsets and source is not None:
                 self._park(job, source)
         except Exception as exc:  # noqa: BLE001 - a bug: keep the offset unfinished rather than lose the URL
