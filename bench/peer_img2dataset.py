@@ -124,8 +124,13 @@ def ensure_peer() -> None:
     subprocess.run([str(PEER_VENV / "bin" / "pip"), "install", "--quiet", "img2dataset"], check=True)
 
 
-def run_peer(specs: list[SiteSpec], plan: list[Planned], work: Path) -> Result:
-    web = SimWeb(specs)
+def sites_log(work: Path, keep: bool, system: str) -> Path | None:
+    """Where the sites log each request (``--keep`` only: the log costs the sites' CPU)."""
+    return work / f"requests-{system}.jsonl" if keep else None
+
+
+def run_peer(specs: list[SiteSpec], plan: list[Planned], work: Path, keep: bool) -> Result:
+    web = SimWeb(specs, log_path=sites_log(work, keep, "img2dataset"))
     with web.serving():
         url_list = work / "urls.txt"
         url_list.write_text("".join(web.sites[p.source].url(p.path) + "\n" for p in plan))
@@ -146,8 +151,8 @@ def run_peer(specs: list[SiteSpec], plan: list[Planned], work: Path) -> Result:
                   times[0] - wall_clock)
 
 
-def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path) -> Result:
-    web = SimWeb(specs)
+def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path, keep: bool) -> Result:
+    web = SimWeb(specs, log_path=sites_log(work, keep, "ours"))
     stack = LocalStack(work / "stack")
     with stack as addresses:
         servers = {s.name: s.process.pid for s in stack.servers if s.process}
@@ -171,7 +176,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--urls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=1, help="alternate the two this many times")
-    parser.add_argument("--keep", type=Path, help="run in this folder and keep its logs (default: a temporary one)")
+    parser.add_argument("--keep", type=Path, help="run in this folder and keep its logs, the sites' requests too "
+                        "(default: a temporary one)")
     args = parser.parse_args()
     ensure_peer()
     specs, plan = build_web(args.urls)
@@ -183,7 +189,8 @@ def main() -> None:
         for round_ in range(args.rounds):  # alternating, so a noisy neighbour hits both alike
             folder = work / str(round_)
             folder.mkdir()
-            results += [run_peer(specs, plan, folder), run_ours(specs, plan, folder)]
+            keep = args.keep is not None
+            results += [run_peer(specs, plan, folder, keep), run_ours(specs, plan, folder, keep)]
     print(f"\n{args.urls} URLs, {SOURCES} sites, {LATENCY * 1000:.0f} ms latency, {PROCESSES} processes each, "
           f"{TARGET} px JPEG q{JPEG_QUALITY}; {os.cpu_count()} cores")
     print(HEADER)
