@@ -56,7 +56,6 @@ class Settings:
     max_retries: int = 1
     url_partitions: int = 256
     max_queued_urls: int = 10_000
-    image_processes: int | None = None  # None: one per core the worker may run on
     crawl_user_agent: str = DEFAULT_USER_AGENT
     crawl_allow_private_networks: bool = False
     max_image_bytes: int = 50 * 1024 * 1024
@@ -111,7 +110,6 @@ class Settings:
             max_retries=get("MAX_RETRIES", _in(int, 0, 100), d.max_retries),
             url_partitions=get("URL_PARTITIONS", _in(int, 1, 10_000), d.url_partitions),
             max_queued_urls=get("MAX_QUEUED_URLS", _in(int, 10, 10_000_000), d.max_queued_urls),
-            image_processes=get("IMAGE_PROCESSES", _in(int, 1, 1024), None),
             crawl_user_agent=get("CRAWL_USER_AGENT", _user_agent, d.crawl_user_agent),
             crawl_allow_private_networks=get("CRAWL_ALLOW_PRIVATE_NETWORKS", _bool, False),
             max_image_bytes=get("MAX_IMAGE_BYTES", _in(int, 1024, 2**40), d.max_image_bytes),

@@ -125,9 +125,6 @@ class Cluster:
         return self._start(f"worker-{self._workers}", "worker")
 
     def start(self, workers: int = 2) -> Cluster:
-        # The workers share this machine's cores: each with a pool of every core, two workers on
-        # two cores ran four image processes and spent ~7% more CPU an image (docs/decisions.md).
-        self.env.setdefault("IMAGE_PROCESSES", str(max(1, len(os.sched_getaffinity(0)) // workers)))
         self.start_monitor()
         for _ in range(workers):
             self.start_worker()

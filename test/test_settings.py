@@ -16,15 +16,13 @@ def test_defaults_match_the_spec() -> None:
     assert (s.target_resolution, s.max_retries, s.url_partitions, s.max_queued_urls) == (640, 1, 256, 10_000)
     assert s.s3_endpoint_url is None and s.crawl_allow_private_networks is False
     assert (s.robots_cache_bytes, s.robots_unavailable_give_up) == (64 << 20, 86400)
-    assert s.image_processes is None and Settings.from_env({"IMAGE_PROCESSES": "3"}).image_processes == 3
 
 
 @pytest.mark.parametrize("name,value", [
     ("MAX_TASKS", "many"), ("MAX_TASKS", "0"), ("TARGET_RESOLUTION", "-5"), ("MAX_RETRIES", "1.5"),
     ("URL_PARTITIONS", "0"), ("MAX_QUEUED_URLS", "1"), ("REDIS_URL", "localhost:6379"), ("KAFKA_HOSTS", "localhost"),
     ("S3_ENDPOINT_URL", "s3.local"), ("CRAWL_ALLOW_PRIVATE_NETWORKS", "maybe"), ("CRAWL_USER_AGENT", "x"),
-    ("ROBOTS_CACHE_BYTES", "1000"), ("ROBOTS_UNAVAILABLE_GIVE_UP", "-1"), ("IMAGE_PROCESSES", "0"),
-    ("IMAGE_PROCESSES", "two"),
+    ("ROBOTS_CACHE_BYTES", "1000"), ("ROBOTS_UNAVAILABLE_GIVE_UP", "-1"),
 ])
 def test_bad_values_name_the_setting(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):

@@ -50,7 +50,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
     # URLs waiting in Kafka come back through consumers of their own (worker.waiting, worker.halted_line).
     wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
     halted_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, HALTED_GROUP, **CONSUMER_EXTRA_CONFIG))
-    pool = ImagePool(settings.image_processes)
+    pool = ImagePool()
     connector = build_connector(settings, limit=settings.max_tasks,
                                 limit_per_host=settings.crawl_per_host_connections)
     # aiohttp for robots.txt; images through our own client, straight into shared memory.
