@@ -25,6 +25,7 @@ import contextlib
 import os
 import random
 import resource
+import statistics
 import subprocess
 import tempfile
 import time
@@ -185,22 +186,28 @@ def main() -> None:
     with kept or tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         work = Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        results = []
+        results: list[Result] = []
+        keep = args.keep is not None
         for round_ in range(args.rounds):  # alternating, so a noisy neighbour hits both alike
             folder = work / str(round_)
             folder.mkdir()
-            keep = args.keep is not None
             results += [run_peer(specs, plan, folder, keep), run_ours(specs, plan, folder, keep)]
     print(f"\n{args.urls} URLs, {SOURCES} sites, {LATENCY * 1000:.0f} ms latency, {PROCESSES} processes each, "
           f"{TARGET} px JPEG q{JPEG_QUALITY}; {os.cpu_count()} cores")
     print(HEADER)
     for result in results:
         print(result.row())
-    for peer, ours in zip(results[::2], results[1::2], strict=True):
+    pairs = list(zip(results[::2], results[1::2], strict=True))
+    for peer, ours in pairs:
         print(f"this crawler / img2dataset: {ours.rate / peer.rate:.0%} e2e, "
               f"{ours.span_rate / peer.span_rate:.0%} over the span; "
               f"CPU per image {ours.cpu_per_image / peer.cpu_per_image:.0%}, "
               f"{ours.cpu_per_image_with_servers / peer.cpu_per_image:.0%} with the servers")
+    if len(pairs) > 2:  # a round's ratio moves with the machine's minute: the spread says how much
+        e2e = sorted(ours.rate / peer.rate for peer, ours in pairs)
+        cpu = sorted(ours.cpu_per_image / peer.cpu_per_image for peer, ours in pairs)
+        print(f"over {len(pairs)} rounds: e2e median {statistics.median(e2e):.0%} ({e2e[0]:.0%}-{e2e[-1]:.0%}), "
+              f"CPU per image median {statistics.median(cpu):.0%} ({cpu[0]:.0%}-{cpu[-1]:.0%})")
     for result in results:
         if result.server_cpu:
             print("servers' CPU ms/img: " + ", ".join(
