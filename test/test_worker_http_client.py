@@ -967,3 +967,72 @@ async def test_released_bodies_give_their_segment_back(serve, client):
         assert segments.take() is segment
     finally:
         segments.close()
+
+
+# --- 16. PUTs (the thumbnail store's requests) -------------------------------------
+def take_puts(*answers: bytes, requests: list[tuple[bytes, bytes]], close: bool = False) -> Handler:
+    """Reads each PUT's head and body, answers with the next of ``answers`` (the last repeats)."""
+    async def handler(reader, writer):
+        for index in range(10_000):
+            request_head = await read_request(reader)
+            if request_head is None:
+                return
+            length = re.search(rb"\r\nContent-Length: (\d+)\r\n", request_head)
+            assert length is not None, request_head
+            requests.append((request_head, await reader.readexactly(int(length.group(1)))))
+            writer.write(answers[min(index, len(answers) - 1)])
+            await writer.drain()
+            if close:
+                return
+    return handler
+
+
+async def test_a_put_sends_its_url_as_given_and_its_body_on_a_kept_connection(serve, client):
+    requests: list[tuple[bytes, bytes]] = []
+    server = await serve(take_puts(ok(b""), requests=requests))
+    signed = "/thumbs/..%2F..%2Fother/a.jpg?X-Amz-Credential=AK%2F20261127&X-Amz-Signature=ab12"
+    data = noise(31_000, seed=9)
+    for _ in range(2):
+        assert await client.put(server.url(signed), data, "image/jpeg", MAX) == (200, b"")
+    assert server.accepts == 1
+    request_head, body = requests[1]
+    assert request_head.split(b"\r\n")[0] == f"PUT {signed} HTTP/1.1".encode()  # not re-quoted, no dots resolved
+    assert b"\r\nContent-Type: image/jpeg\r\n" in request_head
+    assert f"\r\nHost: 127.0.0.1:{server.port}\r\n".encode() in request_head
+    assert body == data
+
+
+@pytest.mark.parametrize("answer, connections", [
+    (ok(b"<Error><Code>SlowDown</Code></Error>", status="HTTP/1.1 503 Slow Down"), 1),
+    (head("HTTP/1.1 503 Slow Down", "Transfer-Encoding: chunked")
+     + chunked(b"<Error><Code>Slow", b"Down</Code></Error>"), 1),
+    (head("HTTP/1.1 503 Slow Down", "Connection: close") + b"<Error><Code>SlowDown</Code></Error>", 2),
+], ids=["content-length", "chunked", "until-close"])
+async def test_a_put_answer_is_read_whole_however_it_is_framed(serve, client, answer, connections):
+    requests: list[tuple[bytes, bytes]] = []
+    server = await serve(take_puts(answer, requests=requests, close=connections == 2))
+    for _ in range(2):
+        assert await client.put(server.url("/b/k.jpg"), b"jpeg", "image/jpeg", MAX) == (
+            503, b"<Error><Code>SlowDown</Code></Error>")
+    assert server.accepts == connections and [body for _head, body in requests] == [b"jpeg", b"jpeg"]
+
+
+@pytest.mark.parametrize("answer, close", [
+    (ok(b"e" * (MAX + 1), status="HTTP/1.1 500 Internal Server Error"), False),
+    (head("HTTP/1.1 500 Internal Server Error", "Transfer-Encoding: chunked") + chunked(*[b"e" * 1000] * 70), False),
+    (head("HTTP/1.1 500 Internal Server Error") + b"e" * (2 * MAX), True),
+], ids=["content-length", "chunked", "until-close"])
+async def test_a_put_answer_past_the_cap_is_too_large(serve, client, answer, close):
+    server = await serve(take_puts(answer, requests=[], close=close))
+    with pytest.raises(BodyTooLarge):
+        await client.put(server.url("/b/k.jpg"), b"jpeg", "image/jpeg", MAX)
+
+
+async def test_a_put_on_a_connection_the_store_closed_while_idle_is_sent_again_whole(serve, client):
+    requests: list[tuple[bytes, bytes]] = []
+    server = await serve(take_puts(ok(b""), requests=requests, close=True))  # no "Connection: close"
+    data = noise(5000, seed=10)
+    for _ in range(2):
+        assert await client.put(server.url("/b/k.jpg"), data, "image/jpeg", MAX) == (200, b"")
+        await asyncio.sleep(0.05)  # the store's close reaches the client while it is idle
+    assert server.accepts == 2 and [body for _head, body in requests] == [data, data]

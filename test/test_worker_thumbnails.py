@@ -1,4 +1,4 @@
-"""Thumbnail uploads: signed as the client would sign them, sent by aiohttp, checked by the real store."""
+"""Thumbnail uploads: signed as the client would sign them, sent by the image client, checked by the real store."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +6,6 @@ from datetime import datetime
 
 from urllib.parse import urlsplit
 
-import aiohttp
 import botocore.auth
 import pytest
 from aiohttp import web
@@ -17,6 +16,7 @@ from common.settings import Settings
 from devstack.servers import DEV_CREDENTIALS
 from test.conftest import BUCKET
 from worker.constants import S3_PRESIGN_SECONDS
+from worker.http_client import HttpClient
 from worker.thumbnails import (CONTENT_TYPE, S3PutFailed, S3Thumbnails, ThumbnailRefused, concerns_the_object,
                                put_signer, s3_error_code, s3_thumbnails)
 
@@ -127,10 +127,13 @@ async def test_the_url_sent_is_byte_for_byte_the_url_signed() -> None:
             signed.append(await sign(key))
             return signed[-1]
         signer.url = recording  # type: ignore[method-assign]
-        async with aiohttp.ClientSession() as session:
-            thumbnails = S3Thumbnails(signer, session)
+        client = HttpClient("test")
+        try:
+            thumbnails = S3Thumbnails(signer, client)
             for identifier in ("../../other/owned", "a/./b", "a!b", "\uff0e\uff0e\uff0fx"):
                 await thumbnails.put(identifier, b"jpeg")
+        finally:
+            await client.close()
     finally:
         await runner.cleanup()
     assert seen == [f"{urlsplit(url).path}?{urlsplit(url).query}" for url in signed]

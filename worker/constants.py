@@ -24,6 +24,7 @@ INFRA_RETRY_MAX_DELAY = 10.0
 S3_MAX_CONNECTIONS = 32
 S3_PRESIGN_SECONDS = 300      # an upload's signature is used at once; 5 minutes covers clock skew
 S3_PUT_TIMEOUT = 60.0         # seconds for one thumbnail upload; a failed one is retried
+S3_MAX_ANSWER_BYTES = 64 << 10  # a longer answer to a PUT (S3's are empty or a short error) is an outage
 
 # --- Images (worker/imaging.py) ----------------------------------------------
 # Pillow raises DecompressionBombError above this many pixels (its own

@@ -1,11 +1,13 @@
 """The HTTP/1.1 client that downloads images: bodies land in shared memory.
 
-Only image GETs go through it (robots.txt, S3 and the rest use aiohttp). It
-exists for one reason: aiohttp's parser copies every body once more, and the
-body then had to be copied again into memory the pool processes can read. On
-12 MP photos those two passes over a cache-cold 3.5 MB were about half of
-the worker's CPU per image (``bench.worker_images``). Here the socket is read
+Image GETs go through it (robots.txt uses aiohttp). It exists for one reason:
+aiohttp's parser copies every body once more, and the body then had to be
+copied again into memory the pool processes can read. On 12 MP photos those
+two passes over a cache-cold 3.5 MB were about half of the worker's CPU per
+image (``bench.worker_images``). Here the socket is read
 (``asyncio.BufferedProtocol``) straight into a ``shared_memory.Segment``.
+The thumbnail store's PUTs go through it too, for less CPU: aiohttp's request
+machinery cost 0.25-0.39 ms a PUT, this client 0.21-0.24 (``worker.thumbnails``).
 
 The framing is judged by llhttp (``httptools``, Node.js's parser, with none of
 its leniencies on), not by hand-written rules: two parsers that disagree about
@@ -440,6 +442,39 @@ class Response:
             body.release()
             raise
 
+    async def read_answer(self, max_bytes: int) -> bytes:
+        """The whole body, when it is small (an S3 error document); BodyTooLarge past ``max_bytes``."""
+        if self.status in _NO_BODY_STATUSES or self._exchange.complete:
+            self._complete = True
+            return b""
+        length, chunked = self.content_length, _is_chunked(self.headers)
+        answer = bytearray()
+        if chunked:
+            def keep(data: bytes) -> None:
+                if len(answer) + len(data) > max_bytes:
+                    raise BodyTooLarge(len(answer) + len(data))
+                answer.extend(data)
+            self._exchange.sink = keep
+            try:
+                await self._connection.stream(self._exchange)
+            finally:
+                self._exchange.sink = None
+        else:
+            if length is not None and length > max_bytes:
+                raise BodyTooLarge(length)
+            answer = bytearray(max_bytes + 1 if length is None else length)
+            got = await self._connection.read_into(memoryview(answer))
+            if length is None:  # until the close
+                if got > max_bytes:
+                    raise BodyTooLarge(got)
+                if self._connection.error is not None or not self._connection.clean_eof:
+                    raise Disconnected(f"cut after {got} bytes")
+                del answer[got:]
+            elif got < length:
+                raise Disconnected(f"the body ended {length - got} bytes short")
+        self._complete = chunked or length is not None
+        return bytes(answer)
+
     async def _read_exactly(self, segment: Segment, count: int) -> int:
         offset = 0
         while offset < count:
@@ -474,6 +509,12 @@ class Response:
         finally:
             self._exchange.sink = None
         return writer.size
+
+
+class Answer(NamedTuple):
+    """A PUT's answer: small, so read whole into memory."""
+    status: int
+    body: bytes
 
 
 class Ready(NamedTuple):
@@ -518,8 +559,22 @@ class HttpClient:
         With ``ready`` (from ``idle`` or ``connect``) the request bytes are written at once,
         before any wait: the fetcher takes its token with the connection in hand."""
         origin = url_origin(url)  # the host the guard judged; InvalidHost (a ValueError) if none
-        target = URL(url)
-        request = _request_bytes(target, self._user_agent)
+        async with self._exchange(origin, (_request_head("GET", URL(url), self._user_agent, _GET_HEADERS),),
+                                  ready) as response:
+            yield response
+
+    async def put(self, url: str, body: bytes, content_type: str, max_answer_bytes: int) -> Answer:
+        """A PUT of ``body`` to ``url``, sent exactly as given (already percent-encoded: a
+        presigned URL is sent as it was signed), and the answer: BodyTooLarge if its body is
+        longer than ``max_answer_bytes``. For the thumbnail store, a small answer each."""
+        head = _request_head("PUT", URL(url, encoded=True), self._user_agent,
+                             f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n")
+        async with self._exchange(url_origin(url), (head, body)) as response:
+            return Answer(response.status, await response.read_answer(max_answer_bytes))
+
+    @asynccontextmanager
+    async def _exchange(self, origin: Origin, request: tuple[bytes, ...],
+                        ready: Ready | None = None) -> AsyncIterator[Response]:
         for attempt in (1, 2):
             if attempt == 1 and ready is not None:
                 connection, reused = ready
@@ -529,7 +584,8 @@ class HttpClient:
                 connection = idle if idle is not None else await self._connect(*origin)
             try:
                 connection.received_any = False
-                connection.write(request)
+                for part in request:
+                    connection.write(part)
                 sent_at = self._loop_time()
                 exchange = await _read_head(connection)
                 break
@@ -640,16 +696,18 @@ class HttpClient:
 
 
 # --- the wire ------------------------------------------------------------------
-def _request_bytes(url: URL, user_agent: str) -> bytes:
-    host = url.raw_host or ""  # get() refused a URL without one
+_GET_HEADERS = "Accept: */*\r\nAccept-Encoding: identity\r\n"
+
+
+def _request_head(method: str, url: URL, user_agent: str, headers: str) -> bytes:
+    host = url.raw_host or ""  # url_origin refused a URL without one
     host = host if ":" not in host else f"[{host}]"
     if not url.is_default_port():
         host = f"{host}:{url.port}"
     target = url.raw_path_qs or "/"
     if _UNSAFE.search(target + host):  # yarl quotes what it can; never let the rest split a line
         raise ValueError(f"cannot send {str(url)[:200]!r}")
-    return (f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {user_agent}\r\n"
-            "Accept: */*\r\nAccept-Encoding: identity\r\n\r\n").encode("latin-1")
+    return f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {user_agent}\r\n{headers}\r\n".encode("latin-1")
 
 
 async def _read_head(connection: _Connection) -> _Exchange:
