@@ -12,6 +12,7 @@ from aiohttp import web
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
+from common.hosts import url_origin
 from common.settings import Settings
 from devstack.servers import DEV_CREDENTIALS
 from test.conftest import BUCKET
@@ -73,6 +74,7 @@ async def test_signed_urls_are_the_clients_own_byte_for_byte(monkeypatch, endpoi
                 ExpiresIn=S3_PRESIGN_SECONDS)
             assert ("X-Amz-Security-Token=" in expected) is (token is not None)
             assert await signer.url(key) == expected
+            assert signer.origin == url_origin(expected)  # where each upload connects to
 
 
 @pytest.mark.parametrize("status, code, the_object", [

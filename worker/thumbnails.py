@@ -41,6 +41,7 @@ import botocore.auth
 from botocore.auth import SIGV4_TIMESTAMP, UNSIGNED_PAYLOAD, _host_from_url
 
 from common.contracts import thumbnail_key
+from common.hosts import url_origin
 from common.settings import Settings
 from worker.constants import S3_MAX_ANSWER_BYTES, S3_MAX_CONNECTIONS, S3_PRESIGN_SECONDS, S3_PUT_TIMEOUT
 from worker.http_client import HttpClient
@@ -106,6 +107,7 @@ class PutSigner:
         if not path.endswith(_TEMPLATE_KEY):
             raise ValueError(f"unexpected presigned URL shape: {template_url[:200]}")
         self._base = (scheme, netloc, path[:-len(_TEMPLATE_KEY)])
+        self.origin = url_origin(template_url)  # that of every URL signed here
         self._credentials = credentials
         self._region = region
         self._headers = f"content-type:{CONTENT_TYPE}\nhost:{_host_from_url(template_url)}\n"
@@ -161,7 +163,8 @@ class S3Thumbnails:
     async def put(self, uuid: str, jpeg: bytes) -> None:
         url = await self._signer.url(thumbnail_key(uuid))
         async with self._connections, asyncio.timeout(S3_PUT_TIMEOUT):
-            status, answer = await self._client.put(url, jpeg, CONTENT_TYPE, S3_MAX_ANSWER_BYTES)
+            status, answer = await self._client.put(url, jpeg, CONTENT_TYPE, S3_MAX_ANSWER_BYTES,
+                                                    origin=self._signer.origin)
         if status == 200:
             return
         body = answer.decode("utf-8", errors="replace")[:2000]
