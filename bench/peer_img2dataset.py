@@ -163,7 +163,8 @@ def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path, keep: bool)
         with crawl(web, plan, base, work / "ours", PROCESSES,
                    CRAWL_PER_HOST_CONNECTIONS=str(PER_HOST_CONNECTIONS)) as (cluster, outcomes):
             if not outcomes.wait(TIMEOUT):
-                raise RuntimeError(f"{len(outcomes.missing())} URLs without an outcome; see {work / 'ours'}")
+                raise RuntimeError(f"{len(outcomes.missing())} URLs without an outcome (offsets the reader "
+                                   f"skipped: {outcomes.gaps[:10]}); see {work / 'ours'}")
             wall = time.monotonic() - started
             server_cpu = {name: proc_cpu([pid]) - servers0[name] for name, pid in servers.items()}
             cluster.stop()
