@@ -42,7 +42,7 @@ import zlib
 from collections import defaultdict, deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from collections.abc import AsyncIterator, Callable
 
 import httptools
@@ -55,7 +55,7 @@ from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_
                               HTTP_MAX_INTERIM_RESPONSES, HTTP_MAX_LENGTH_DIGITS, HTTP_SCRATCH_BYTES,
                               HTTP_STREAM_BUFFER_BYTES, READ_TIMEOUT)
 from worker.politeness.addresses import system_resolve
-from worker.shared_memory import Body, Segment, SegmentPool
+from worker.shared_memory import Body, SegmentPool
 
 
 class BadResponse(Exception):
@@ -164,10 +164,27 @@ class _Exchange:
         self.complete = True
 
 
+class _Room(Protocol):
+    """Where a body is read to: a shared-memory ``Segment`` (images) or ``_Memory`` (answers)."""
+
+    def window(self, offset: int) -> memoryview: ...
+
+
+class _Memory:
+    """Room for a small body in this process's memory, read to as a segment is."""
+
+    def __init__(self, size: int):
+        self.data = bytearray(size)
+        self._view = memoryview(self.data)
+
+    def window(self, offset: int) -> memoryview:
+        return self._view[offset:]
+
+
 class _SegmentWriter:
     """Appends llhttp's body pieces to a segment, each copied once, the cap checked first."""
 
-    def __init__(self, segment: Segment, max_bytes: int):
+    def __init__(self, segment: _Room, max_bytes: int):
         self._segment = segment
         self._max_bytes = max_bytes
         self.size = 0
@@ -420,62 +437,52 @@ class Response:
 
     async def read_body(self, segments: SegmentPool, max_bytes: int) -> Body:
         """The whole body, in a segment from ``segments``; BodyTooLarge past ``max_bytes``."""
-        if self.status in _NO_BODY_STATUSES or self._exchange.complete:
-            self._complete = True  # llhttp ended it with the head (Content-Length: 0, say)
+        framing = self._framing(max_bytes)
+        if framing is None:
             return Body()
-        # llhttp refuses a length beside chunked, so at most one of them is set
-        length, chunked = self.content_length, _is_chunked(self.headers)
-        if length is not None and length > max_bytes:
-            raise BodyTooLarge(length)
         segment = segments.take()
         body = Body(0, segment, segments)
         try:
-            if chunked:
-                body.size = await self._read_chunked(segment, max_bytes)
-            elif length is not None:
-                body.size = await self._read_exactly(segment, length)
-            else:
-                body.size = await self._read_to_close(segment, max_bytes)
-            self._complete = chunked or length is not None  # the framing said where it ends
+            body.size = await self._read_framed(segment, *framing, max_bytes)
             return _decoded(body, self.headers, max_bytes)
         except BaseException:
             body.release()
             raise
 
     async def read_answer(self, max_bytes: int) -> bytes:
-        """The whole body, when it is small (an S3 error document); BodyTooLarge past ``max_bytes``."""
-        if self.status in _NO_BODY_STATUSES or self._exchange.complete:
-            self._complete = True
+        """The whole body, when it is small (an S3 error document), read as ``read_body`` reads
+        one but into this process's memory; BodyTooLarge past ``max_bytes``."""
+        framing = self._framing(max_bytes)
+        if framing is None:
             return b""
-        length, chunked = self.content_length, _is_chunked(self.headers)
-        answer = bytearray()
-        if chunked:
-            def keep(data: bytes) -> None:
-                if len(answer) + len(data) > max_bytes:
-                    raise BodyTooLarge(len(answer) + len(data))
-                answer.extend(data)
-            self._exchange.sink = keep
-            try:
-                await self._connection.stream(self._exchange)
-            finally:
-                self._exchange.sink = None
-        else:
-            if length is not None and length > max_bytes:
-                raise BodyTooLarge(length)
-            answer = bytearray(max_bytes + 1 if length is None else length)
-            got = await self._connection.read_into(memoryview(answer))
-            if length is None:  # until the close
-                if got > max_bytes:
-                    raise BodyTooLarge(got)
-                if self._connection.error is not None or not self._connection.clean_eof:
-                    raise Disconnected(f"cut after {got} bytes")
-                del answer[got:]
-            elif got < length:
-                raise Disconnected(f"the body ended {length - got} bytes short")
-        self._complete = chunked or length is not None
-        return bytes(answer)
+        length = framing[0]
+        memory = _Memory(max_bytes + 1 if length is None else length)
+        size = await self._read_framed(memory, *framing, max_bytes)
+        return bytes(memory.data[:size])
 
-    async def _read_exactly(self, segment: Segment, count: int) -> int:
+    def _framing(self, max_bytes: int) -> tuple[int | None, bool] | None:
+        """The body's length (if it says one) and whether it is chunked; None if the head ended
+        the response; BodyTooLarge if it says it is longer than ``max_bytes``."""
+        if self.status in _NO_BODY_STATUSES or self._exchange.complete:
+            self._complete = True  # llhttp ended it with the head (Content-Length: 0, say)
+            return None
+        # llhttp refuses a length beside chunked, so at most one of them is set
+        length, chunked = self.content_length, _is_chunked(self.headers)
+        if length is not None and length > max_bytes:
+            raise BodyTooLarge(length)
+        return length, chunked
+
+    async def _read_framed(self, room: _Room, length: int | None, chunked: bool, max_bytes: int) -> int:
+        if chunked:
+            size = await self._read_chunked(room, max_bytes)
+        elif length is not None:
+            size = await self._read_exactly(room, length)
+        else:
+            size = await self._read_to_close(room, max_bytes)
+        self._complete = chunked or length is not None  # the framing said where it ends
+        return size
+
+    async def _read_exactly(self, segment: _Room, count: int) -> int:
         offset = 0
         while offset < count:
             window = segment.window(offset)[:count - offset]
@@ -485,7 +492,7 @@ class Response:
                 raise Disconnected(f"the body ended {count - offset} bytes short")
         return count
 
-    async def _read_to_close(self, segment: Segment, max_bytes: int) -> int:
+    async def _read_to_close(self, segment: _Room, max_bytes: int) -> int:
         connection, offset = self._connection, 0
         while True:
             window = segment.window(offset)
@@ -501,7 +508,7 @@ class Response:
                     raise Disconnected(f"cut after {offset} bytes: {reason}")
                 return offset
 
-    async def _read_chunked(self, segment: Segment, max_bytes: int) -> int:
+    async def _read_chunked(self, segment: _Room, max_bytes: int) -> int:
         writer = _SegmentWriter(segment, max_bytes)
         self._exchange.sink = writer.write
         try:
