@@ -2,7 +2,7 @@
 
 Starts the local stack, writes two Parquet lists (url and caption columns, the
 same sites, ``--short`` and ``--rows`` rows), and produces each to
-``inbound_images`` with ``python -m crawl_monitor.list_producer`` as a user
+``inbound_images`` with ``python -m url_lists.list_producer`` as a user
 runs it (sites derived from the URLs, sizes counted in Redis). Prints, for
 each length, rows a second (from the command's start to its exit, the pool's
 start and the broker's acknowledgements included) and the peak resident memory
@@ -60,7 +60,7 @@ def rss_kib(pid: int) -> tuple[int, int]:
 
 
 def produce(path: Path, env: dict[str, str], work: Path, processes: int | None) -> dict[str, float]:
-    argv = [sys.executable, "-m", "crawl_monitor.list_producer", str(path), "--restart",
+    argv = [sys.executable, "-m", "url_lists.list_producer", str(path), "--restart",
             "--progress-file", str(work / f"{path.stem}.progress.json")]
     if processes is not None:
         argv += ["--processes-count", str(processes)]

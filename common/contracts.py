@@ -20,6 +20,7 @@ from common.hosts import InvalidHost, Origin, url_origin
 
 # --- Kafka topics (SPEC.md §1) -------------------------------------------------
 INBOUND_TOPIC = "inbound_images"
+INBOUND_PARTITIONS = 4  # of inbound_images (and rejected_messages) where this project creates them
 # Every source's URLs, in one keyed topic of URL_PARTITIONS partitions (issue 26): a new source
 # costs no topic and no rebalance. A source spreads over url_shards(its limit) partitions.
 URLS_TOPIC = "urls"

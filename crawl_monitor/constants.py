@@ -100,4 +100,3 @@ MONITORING_MAX_LISTED = 500
 MONITORING_SPECIFIC_BYTES = 160 * 1024
 MONITORING_TRIPPED_BYTES = 64 * 1024  # general.circuit_breaker_tripped: names up to this size
 
-INBOUND_PARTITIONS = 4              # of inbound_images (and rejected_messages) where this project creates them

@@ -31,7 +31,7 @@ from common.kafka import (TopicCreator, consumer_config, coordinates, produce_wa
                           refuses_the_message)
 from common.settings import Settings
 from common.protocols import SyncRedis
-from crawl_monitor.constants import (INBOUND_PARTITIONS, SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS,
+from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS,
                                      SPLIT_MAX_BACKOFF_SECONDS, SPLIT_PARTITION_CHECK_SECONDS, SPLIT_POLL_SECONDS)
 
 Record = tuple[str, Any, bytes, int | None]  # topic, key, value, partition (None: by key)
@@ -267,7 +267,7 @@ def connect(settings: Settings, *, limit_of: LimitOf = lambda source: None,
     only splitter. The group id still keeps the committed offsets.
     """
     hosts = settings.kafka_hosts
-    TopicCreator(hosts, INBOUND_PARTITIONS).ensure([inbound_topic, contracts.REJECTED_TOPIC])
+    TopicCreator(hosts, contracts.INBOUND_PARTITIONS).ensure([inbound_topic, contracts.REJECTED_TOPIC])
     TopicCreator(hosts, settings.url_partitions).ensure([contracts.URLS_TOPIC])
     consumer = Consumer(consumer_config(hosts, group))
     producer = Producer(producer_config(hosts, **{"delivery.report.only.error": True}))

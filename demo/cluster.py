@@ -133,7 +133,7 @@ class Cluster:
     def schedule(self, tsv: Path) -> None:
         """Run the TSV producer to completion; its output joins the logs."""
         with open(self.log_dir / "tsv_producer.log", "ab") as log:
-            subprocess.run(module_argv("crawl_monitor.tsv_producer", str(tsv), self.env["KAFKA_HOSTS"]),
+            subprocess.run(module_argv("url_lists.tsv_producer", str(tsv), self.env["KAFKA_HOSTS"]),
                            env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                            preexec_fn=own_group_dying_with_parent, timeout=PRODUCER_TIMEOUT, check=True)
 

@@ -2,7 +2,7 @@
 
 2,000 URLs over 20 simulated sources (limits from 1 to 200 req/s, 500s, 429s,
 robots.txt rules, a Crawl-delay, dead links, broken files) go through
-``python -m crawl_monitor.tsv_producer`` to a monitor and two workers, all
+``python -m url_lists.tsv_producer`` to a monitor and two workers, all
 subprocesses. The verdict comes from the outputs a downstream consumer sees
 (Kafka topics, S3) and from the websites' own request logs. A quarter of the way
 through, the monitor's and a worker's /metrics are scraped and linted by promtool.

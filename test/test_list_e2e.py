@@ -32,8 +32,8 @@ from PIL import Image
 from common.contracts import allowed_per_second
 from common.settings import DEFAULT_USER_AGENT
 from crawl_monitor.sources import rate_for_size
-from crawl_monitor.tsv_producer import with_scheme
-from crawl_monitor.url_lists.rows import derived_identifier
+from url_lists.tsv_producer import with_scheme
+from url_lists.rows import derived_identifier
 from demo.cluster import Child, Cluster, module_argv
 from demo.crawl import crawler_env
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
@@ -121,7 +121,7 @@ def crawl_list(env: dict[str, str], tmp_path: Path, sites: int, rows: int, worke
                 cluster.children.append(Child(f"worker-{n + 1}", module_argv("test.resolving_worker"), run_env,
                                               tmp_path / f"worker-{n + 1}.log").start())
             produced = subprocess.run(
-                module_argv("crawl_monitor.list_producer", str(tmp_path / "list.parquet"),
+                module_argv("url_lists.list_producer", str(tmp_path / "list.parquet"),
                             "--progress-file", str(tmp_path / "progress.json")),
                 env=run_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
             assert produced.returncode == 0, produced.stderr[-2000:]
@@ -139,7 +139,7 @@ def crawl_list(env: dict[str, str], tmp_path: Path, sites: int, rows: int, worke
         assert_polite_per_site(web, expected)
         assert set(codes.values()) == {0}, codes
 
-        export = subprocess.run(module_argv("crawl_monitor.export", str(tmp_path / "results")),
+        export = subprocess.run(module_argv("url_lists.export", str(tmp_path / "results")),
                                 env=run_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert export.returncode == 0, export.stderr[-2000:]
     table = pq.read_table(tmp_path / "results")

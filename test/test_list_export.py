@@ -1,4 +1,4 @@
-"""``python -m crawl_monitor.export``: outcomes to one row per URL, Parquet or JSON lines, resumed."""
+"""``python -m url_lists.export``: outcomes to one row per URL, Parquet or JSON lines, resumed."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ from confluent_kafka import Producer
 
 from common import contracts
 from common.kafka import ensure_topics, producer_config
-from crawl_monitor import export
-from crawl_monitor.url_lists.results import Joiner
+from url_lists import export
+from url_lists.results import Joiner
 from test.test_list_producer import own_kafka  # noqa: F401 - the fixture
 
 QUALITY = {"identifier": "a", "width": 640, "height": 480, "compression_quality": 85, "filesize": 1234,

@@ -1,4 +1,4 @@
-"""``python -m crawl_monitor.list_producer`` on a broker of its own and the session's Redis:
+"""``python -m url_lists.list_producer`` on a broker of its own and the session's Redis:
 bad rows by number, sizes per site, and a producer SIGKILLed halfway then resumed.
 
 Each test gets its own tansu (in memory, up in well under a second): the session's
@@ -58,7 +58,7 @@ def inbound(hosts: str) -> list[tuple[bytes, dict]]:
 
 
 def run_producer(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "crawl_monitor.list_producer", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "url_lists.list_producer", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -99,7 +99,7 @@ def test_killed_halfway_and_resumed_every_row_once(own_kafka: str, stack_env: di
     pq.write_table(pa.table({"url": [f"https://img{n % 3}.site{n % 50}.example/{n}.jpg" for n in range(rows)],
                              "caption": ["x"] * rows}), path, row_group_size=10_000)
     progress = tmp_path / "progress.json"
-    argv = [sys.executable, "-m", "crawl_monitor.list_producer", str(path), "--progress-file", str(progress),
+    argv = [sys.executable, "-m", "url_lists.list_producer", str(path), "--progress-file", str(progress),
             "--processes-count", "1"]
     redis = Redis.from_url(redis_url, decode_responses=True)
     first = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from common import contracts
-from crawl_monitor.url_lists import readers
-from crawl_monitor.url_lists.readers import BadFile, Columns, expand, format_of, read_batches
-from crawl_monitor.url_lists.rows import convert_batch, derived_identifier, row_message, url_origin_of
-from crawl_monitor.url_lists.sites import site_of_host
+from url_lists import readers
+from url_lists.readers import BadFile, Columns, expand, format_of, read_batches
+from url_lists.rows import convert_batch, derived_identifier, row_message, url_origin_of
+from url_lists.sites import site_of_host
 
 ROWS = [("https://a.example/1.jpg", "id-1", "Flickr"),
         ("b.example/2.jpg", "id-2", "met"),

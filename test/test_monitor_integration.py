@@ -180,7 +180,7 @@ def test_tsv_producer_end_to_end(kafka_hosts: str, unique: str, tmp_path: Path, 
     ]
     path = tmp_path / "urls.tsv"
     path.write_bytes(b"\n".join(rows) + b"\n")
-    done = subprocess.run([PYTHON, "-m", "crawl_monitor.tsv_producer", str(path), kafka_hosts],
+    done = subprocess.run([PYTHON, "-m", "url_lists.tsv_producer", str(path), kafka_hosts],
                           env=stack_env, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-2000:]
     logged = [json.loads(line) for line in done.stdout.splitlines()]
@@ -202,7 +202,7 @@ def test_tsv_producer_refuses_a_file_without_the_columns(kafka_hosts: str, tmp_p
                                                         stack_env: dict[str, str]) -> None:
     path = tmp_path / "bad.tsv"
     path.write_text("link\tid\nhttp://a/b.jpg\t1\n")
-    done = subprocess.run([PYTHON, "-m", "crawl_monitor.tsv_producer", str(path), kafka_hosts],
+    done = subprocess.run([PYTHON, "-m", "url_lists.tsv_producer", str(path), kafka_hosts],
                           env=stack_env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "url" in done.stderr and "Traceback" not in done.stderr
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from crawl_monitor import tsv_producer
-from crawl_monitor.tsv_producer import read_rows, with_scheme
+from url_lists import tsv_producer
+from url_lists.tsv_producer import read_rows, with_scheme
 from test.test_monitor_fakes import FakeProducer
 
 

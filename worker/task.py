@@ -47,7 +47,7 @@ from worker.imaging import Analysis
 from worker.thumbnails import ThumbnailRefused, ThumbnailStore
 from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.robots import product_token
-from worker.politeness.robots_tag import applicable_directives, forbids_thumbnail
+from common.robots_tag import applicable_directives, forbids_thumbnail
 from worker.waiting import wait_message
 from worker.stats import Stats
 
@@ -261,7 +261,7 @@ class ImageTask:
 
     async def _outcome(self, topic: str, request: CrawlRequest, value: bytes) -> None:
         """Keyed by uuid: a URL's EXIF and quality messages share a partition, in the order sent,
-        so a reader joining them (``crawl_monitor.export``) meets the EXIF first."""
+        so a reader joining them (``url_lists.export``) meets the EXIF first."""
         await self._send(topic, value, request.uuid)
 
     async def _record(self, source: str, status: str, success: bool, windows: bool = True,

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from common import contracts
-from worker.politeness.robots_tag import forbids_thumbnail
+from common.robots_tag import forbids_thumbnail
 
 SUCCESS, LINK_ROT, ERROR = "success", contracts.LINK_ROT_TOPIC, "error"  # link rot is named after its topic
 SCHEMA = pa.schema([

@@ -17,8 +17,8 @@ from typing import Any
 
 from common import contracts
 from common.hosts import Origin
-from crawl_monitor.tsv_producer import with_scheme
-from crawl_monitor.url_lists.sites import site_of_host
+from url_lists.tsv_producer import with_scheme
+from url_lists.sites import site_of_host
 
 
 _URL_NAMESPACE = uuid.NAMESPACE_URL.bytes

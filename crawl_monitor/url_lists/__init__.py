@@ -1,1 +1,0 @@
-"""URL lists in, results out: the parts behind ``crawl_monitor.list_producer`` and ``crawl_monitor.export``."""
