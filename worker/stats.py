@@ -3,9 +3,9 @@
 Each outcome is one pipeline (one round trip). The breaker's one-minute window
 (``status60s``) is a sorted set scored by wall-clock Unix seconds, because every
 worker host writes it; members carry a random suffix so two identical statuses in
-one instant both count. The hour and twelve-hour windows are counts per time
-bucket (``HINCRBY``): a month at 200 requests a second must not keep a member per
-request (``status12hr`` alone would hold 8.6 million).
+one instant both count. It holds terminal outcomes only: a retried URL's error counts
+once. The hour and twelve-hour windows are counts per time bucket (``HINCRBY``): a month
+at 200 requests a second must not keep a member per request (``status12hr`` alone would hold 8.6 million).
 
 Response times (``response_ms:{source}:{bucket}``, ``common.response_times``) are counts
 in latency bins per two-second bucket, for the monitor's adaptive back-off: a key per
@@ -53,7 +53,7 @@ from worker.constants import STATS_FORGET_SECONDS, STATS_TRIM_INTERVAL
 # KEYS: active_sources, the minute window, the last 50, the response bucket, urls_ended, the
 # count windows (ARGV[10] of them), then the counters: num_resized and resized:{source} for a
 # success; resize_errors, errors:{source}, errors:{source}:{status} and error_statuses:{source} else.
-# ARGV: 1 now, 2 source, 3 windows (1/0), 4 status, 5 the minute window's member, 6 trim the
+# ARGV: 1 now, 2 source, 3 windows (1/0), 4 status, 5 the minute window's member (terminal only), 6 trim the
 # minute window up to this score ('' : not now), 7 the last-50 length, 8 the response bins
 # (space-separated, may be none), 9 the response bucket's expiry (0: already set), 10 count
 # windows, 11 success (1/0), 12 terminal (1/0), 13 the minute window's expiry (at a trim),
@@ -75,7 +75,7 @@ if ARGV[3] == '1' then
     fields = fields + 1
   end
   if fields > 0 and ARGV[9] ~= '0' then call('EXPIRE', KEYS[4], ARGV[9]) end
-  call('ZADD', KEYS[2], now, ARGV[5])
+  if ARGV[12] == '1' then call('ZADD', KEYS[2], now, ARGV[5]) end
   if ARGV[6] ~= '' then
     call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[6])
     call('EXPIRE', KEYS[2], ARGV[13])
