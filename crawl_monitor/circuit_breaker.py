@@ -5,8 +5,9 @@ sources with an outcome in the last minute (``active_sources``) and the paused o
 A surge (errors in the last minute above 10% with confidence: the Wilson score lower bound
 of their share) pauses the source until the minute no longer shows it; 50 failures in a
 row halt it until an operator looks (``srem halted {source}``). Only unexpected statuses
-count as errors: a 404 is the site working as it should. The minute window holds each URL's
-final outcome (a retried attempt is not in it), the last-50 list every attempt.
+count as errors: a 404 is the site working as it should. A URL counts one error at most in the
+minute window (a retried URL's failure after a failed attempt is not in it), the last-50 list
+holds every attempt.
 """
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ class FakeRedis:
                 pipe.hincrby(keys[3], field, 1)
             if fields and str(args[8]) != "0":
                 pipe.expire(keys[3], int(args[8]))
-            if str(args[11]) == "1":
+            if args[4] != "":
                 pipe.zadd(keys[1], {args[4]: now})
             if args[5] != "":
                 pipe.zremrangebyscore(keys[1], "-inf", float(args[5]))
