@@ -75,10 +75,23 @@ def test_the_wilson_lower_bound(errors, total, low, high) -> None:
 
 
 def crawl_seconds(rate: int, error_share: float, seconds: int, seed: int) -> list[list[str]]:
-    """Each second's final outcomes of a site crawled at ``rate`` whose answers fail at random."""
+    """What the minute window gets each second from a site crawled at ``rate`` whose answers fail
+    at random: a failed URL's error, and its retry's answer if it succeeds (the retry's failure
+    is not counted again)."""
     import random
     rng = random.Random(seed)
-    return [["500" if rng.random() < error_share else "200" for _ in range(rate)] for _ in range(seconds)]
+    per_second = []
+    for _ in range(seconds):
+        statuses = []
+        for _ in range(rate):
+            if rng.random() < error_share:
+                statuses.append("500")
+                if rng.random() >= error_share:
+                    statuses.append("200")
+            else:
+                statuses.append("200")
+        per_second.append(statuses)
+    return per_second
 
 
 @pytest.mark.parametrize("rate", [1, 2, 5, 10, 25])
@@ -92,10 +105,11 @@ async def test_a_site_with_two_percent_errors_over_600_urls_is_never_halted(rate
             assert redis.store.smembers(contracts.TEMP_HALTED) == set(), (seed, second)
 
 
-@pytest.mark.parametrize("rate, seeds_halted", [(10, 20), (25, 20), (3, 15)])
+@pytest.mark.parametrize("rate, seeds_halted", [(25, 20), (10, 18), (3, 12)])
 async def test_a_site_with_fifteen_percent_errors_is_halted_within_the_minute(rate, seeds_halted) -> None:
-    """At 10 req/s and more, every time; at 3 req/s a minute's 180 answers tell 15% from 10% most of
-    the time (docs/decisions.md, "The breaker halts for errors")."""
+    """15% of answers 500 (13-15% counted, a retry's second failure left out): at 25 req/s halted
+    every time, at 10 req/s nearly; at 3 req/s a minute's ~200 answers tell it from 10% most of the
+    time (docs/decisions.md, "The breaker halts for errors, not chance")."""
     halted = 0
     for seed in range(20):
         redis = FakeAsyncRedis()
