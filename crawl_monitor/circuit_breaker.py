@@ -4,8 +4,8 @@ Workers record every request's status; this reads those records once a second, f
 sources with an outcome in the last minute (``active_sources``) and the paused ones.
 A surge (errors above 10% of the last minute's answers, and more than a site failing 3% of
 the time shows by chance: a binomial tail) pauses the source until the minute no longer shows
-it; 50 failures in a row halt it until an operator looks (``srem halted {source}``). Only unexpected statuses
-count as errors: a 404 is the site working as it should. A URL counts one error at most in the
+it; 50 failures in a row halt it until an operator looks (``srem halted {source}``). Only
+unexpected statuses count as errors: a 404 is the site working as it should. A URL counts one error at most in the
 minute window (a retried URL's failure after a failed attempt is not in it), the last-50 list
 holds every attempt.
 """
