@@ -21,6 +21,7 @@ on another, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import threading
@@ -158,7 +159,7 @@ class Collector:
         self._input_done = False
         self._reader = OutcomeReader(options.run)
         self._next: dict[str, int] = {}                 # partition -> next offset to read
-        self._pending: dict[str, dict[int, None]] = {}  # partition -> offsets not yet durable
+        self._pending: dict[str, dict[int, None]] = {}  # partition -> offsets whose rows are not durable yet
         self._unreleased: list[tuple[str, int]] = []    # finished rows' messages, durable at the next sync
         self._orphans: dict[int, dict[int, tuple[dict[str, Any], str, int]]] = {}  # shard with no input yet
         self._rate = RateWindow()
@@ -259,7 +260,7 @@ class Collector:
             offset = next_offset
             pending = self._pending.get(name)
             if pending:
-                offset = min(offset, next(iter(pending)))
+                offset = min(offset, min(pending))
             topic, _, partition = name.rpartition(":")
             if topic == contracts.METADATA_TOPIC:
                 waiting = self._reader.joiner.oldest_pending(int(partition))
@@ -275,6 +276,7 @@ class Collector:
         kafka_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-kafka")
         self._tasks: set[asyncio.Task[None]] = set()
         self._fetches = asyncio.Semaphore(MAX_FETCHES)
+        self._room = asyncio.Event()  # set when fetches in flight fell to half the most
         self._last_sync = 0.0
         self._sync_task: asyncio.Task[None] | None = None
         closers = []
@@ -337,7 +339,9 @@ class Collector:
                     and not self._tasks:
                 return
             if len(self._tasks) >= MAX_FETCHES:
-                await asyncio.wait(self._tasks, timeout=POLL_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), POLL_TIMEOUT)
             else:
                 records = await loop.run_in_executor(kafka_thread, source.poll, POLL_MESSAGES, POLL_TIMEOUT)
                 for record in records:
@@ -400,7 +404,7 @@ class Collector:
             if record.topic == contracts.METADATA_TOPIC and record.offset % 1000 == 0:
                 self._reader.joiner.expire(record.partition, record.offset)
             return
-        row, outcome = found
+        row, outcome, first = found  # first: the offset of its first message (EXIF, then quality)
         shard = shard_of(row, self.options.per_shard)
         if shard in self._completed:
             return
@@ -408,10 +412,10 @@ class Collector:
         if state is None:  # its input shard is not written yet: held until it is
             orphans = self._orphans.setdefault(shard, {})
             if row not in orphans:
-                orphans[row] = (outcome, name, record.offset)
-                self._pending.setdefault(name, {})[record.offset] = None
+                orphans[row] = (outcome, name, first)
+                self._pending.setdefault(name, {})[first] = None
             return
-        self._accept(state, row, outcome, name, record.offset)
+        self._accept(state, row, outcome, name, first)
 
     def _accept(self, state: _Shard, row: int, outcome: dict[str, Any], name: str, offset: int) -> None:
         if row not in state.index or row in state.finished or row in state.fetching:
@@ -432,6 +436,8 @@ class Collector:
 
     def _fetched(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        if len(self._tasks) < MAX_FETCHES // 2:
+            self._room.set()
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
 

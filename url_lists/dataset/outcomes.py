@@ -38,30 +38,46 @@ def bad_row_outcome(reason: str | None, source_file: str | None, source_row: int
             "source_file": source_file, "source_row": source_row}
 
 
+class _Joiner(Joiner):
+    """Also says where a joined success began: its EXIF message's offset, if it had one."""
+
+    exif_offset: int | None = None
+
+    def _success(self, identifier: str, message: dict[str, Any], partition: int) -> dict[str, Any]:
+        held = self.pending.get(identifier)
+        self.exif_offset = held[2] if held is not None and held[1] == partition else None
+        return super()._success(identifier, message, partition)
+
+
 class OutcomeReader:
     def __init__(self, run: uuid.UUID):
         self._run = run
         self._prefix = run_prefix(run).encode()
-        self.joiner = Joiner()
+        self.joiner = _Joiner()
 
     def of_run(self, raw: bytes | None) -> bool:
         """Whether ``raw`` may be one of this run's (a byte search: most messages are not)."""
         return raw is not None and self._prefix in raw
 
-    def feed(self, topic: str, partition: int, offset: int, raw: bytes | None) -> tuple[int, dict[str, Any]] | None:
-        """The row and outcome this message completes; None for another run's message, an EXIF
-        message (held), or one that cannot be read."""
+    def feed(self, topic: str, partition: int, offset: int,
+             raw: bytes | None) -> tuple[int, dict[str, Any], int] | None:
+        """The row and outcome this message completes, and the offset of the outcome's first
+        message (an EXIF message before its quality message); None for another run's message,
+        an EXIF message (held), or one that cannot be read."""
         if not self.of_run(raw):
             return None
         assert raw is not None
         if topic not in OUTCOME_TOPICS:
-            return self._other(topic, raw)
+            found = self._other(topic, raw)
+            return None if found is None else (*found, offset)
+        self.joiner.exif_offset = None
         joined = self.joiner.feed(topic, partition, offset, raw)
         if joined is None:
             return None
         row = row_of(joined["identifier"], self._run)
         if row is None:
             return None
+        first = offset if self.joiner.exif_offset is None else self.joiner.exif_offset
         kind = joined["outcome"]
         if kind == SUCCESS:
             outcome: dict[str, Any] = {key: joined.get(key) for key in (
@@ -76,7 +92,7 @@ class OutcomeReader:
             outcome = {"status": ERROR, "error_message": joined.get("reason") or "unknown",
                        "http_status": joined.get("status")}
         self._waits(raw, outcome)
-        return row, outcome
+        return row, outcome, first
 
     def _other(self, topic: str, raw: bytes) -> tuple[int, dict[str, Any]] | None:
         message = _object(raw)

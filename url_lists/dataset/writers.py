@@ -13,14 +13,12 @@ as the crawler stored them (already within the image size): no decoding, no re-e
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import tarfile
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -104,27 +102,59 @@ def _write_stats(folder: Path, shard: int, stats: dict[str, Any]) -> None:
     publish(temporary, final)
 
 
+class TarMembers:
+    """Regular files appended to a POSIX ustar archive, each written in one call (header, data,
+    padding). tarfile.addfile built a header through copies and generic field encoders: about
+    a tenth of the collector's CPU an image. Names are keys and suffixes (ASCII, under 100
+    bytes); the archive is read by tarfile, webdataset and GNU tar alike (a test reads it back)."""
+
+    def __init__(self, out: BinaryIO, mtime: int):
+        head = bytearray(BLOCK)
+        head[100:108] = b"0000444\0"        # mode
+        head[108:116] = b"0000000\0"        # uid
+        head[116:124] = b"0000000\0"        # gid
+        head[136:148] = b"%011o\0" % mtime   # mtime
+        head[148:156] = b" " * 8            # the checksum counts its own field as spaces
+        head[156:157] = b"0"                # a regular file
+        head[257:265] = b"ustar\x0000"      # POSIX ustar, version 00
+        self._head = head
+        self._head_sum = sum(head)
+        self._out = out
+
+    def add(self, name: str, data: bytes) -> None:
+        encoded = name.encode("ascii")
+        if len(encoded) > 99:
+            raise ValueError(f"a member name longer than 99 bytes: {name[:120]!r}")
+        head = bytearray(self._head)
+        head[0:len(encoded)] = encoded
+        size = b"%011o\0" % len(data)
+        head[124:136] = size
+        checksum = self._head_sum + sum(encoded) + sum(size)
+        head[148:156] = b"%06o\0 " % checksum
+        self._out.write(b"".join((head, data, bytes(-len(data) % BLOCK))))
+
+    def close(self) -> None:
+        self._out.write(bytes(2 * BLOCK))  # the end of the archive: two zero blocks
+
+
+BLOCK = 512
+
+
 class WebDatasetWriter:
     def __init__(self, folder: Path, shard: int, schema: pa.Schema):
         self._folder, self._shard = folder, shard
         self._tar_path = folder / f"{shard_name(shard)}.tar"
         self._rows_path = folder / f"{shard_name(shard)}.parquet"
         self._file = temporary_name(self._tar_path).open("wb")
-        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
+        self._tar = TarMembers(self._file, int(time.time()))
         self._rows = _Rows(temporary_name(self._rows_path), schema)
-        self._now = int(time.time())
-
-    def _member(self, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode = len(data), self._now, 0o444
-        self._tar.addfile(info, io.BytesIO(data))
 
     def add(self, row: dict[str, Any], image: bytes | None) -> None:
         if image is not None:
             key = row["key"]
-            self._member(f"{key}.jpg", image)
-            self._member(f"{key}.txt", (row.get("caption") or "").encode())
-            self._member(f"{key}.json", _sample_json(row))
+            self._tar.add(f"{key}.jpg", image)
+            self._tar.add(f"{key}.txt", (row.get("caption") or "").encode())
+            self._tar.add(f"{key}.json", _sample_json(row))
         self._rows.add(row)
 
     def publish(self, stats: dict[str, Any]) -> None:
