@@ -65,7 +65,6 @@ FETCH_RETRY_FIRST, FETCH_RETRY_MAX = 0.5, 30.0
 # its rows are produced after, and a clock a little off must not lose the first outcomes.
 START_MARGIN = 300.0
 _OUTCOME_NAMES = [f.name for f in OUTCOME_FIELDS]
-EVENT_SHARD_WRITTEN = "dataset_shard_written"
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,11 @@ class _Shard:
         self.extra = inputs.additional_columns(table)
         columns = table.to_pydict()
         self.columns = columns
-        self.index = {row: i for i, row in enumerate(columns["row"])}
+        numbers = columns["row"]
+        # Rows numbered in a run (the usual case) need no table from row to position.
+        contiguous = numbers == list(range(numbers[0], numbers[0] + len(numbers))) if numbers else True
+        self.index: range | dict[int, int] = range(numbers[0], numbers[0] + len(numbers)) if numbers and \
+            contiguous else {row: i for i, row in enumerate(numbers)}
         self.finished: set[int] = set()
         self.fetching: set[int] = set()
         discard_leftovers(options.folder, shard)
@@ -111,7 +114,7 @@ class _Shard:
         return len(self.index)
 
     def identity(self, row: int) -> dict[str, Any]:
-        i = self.index[row]
+        i = self.index.index(row) if isinstance(self.index, range) else self.index[row]
         c = self.columns
         return {"key": c["key"][i], "url": c["url"][i], "caption": c["caption"][i],
                 **{name: c[name][i] for name in self.extra}}
@@ -493,8 +496,8 @@ class Collector:
             state.journal.close()
             state.writer.publish(stats)
             state.journal.remove()
-            log_event(EVENT_SHARD_WRITTEN, shard=state.shard, rows=state.size, successes=state.tally.successes,
-                      folder=str(self.options.folder))
+            log_event(contracts.EVENT_DATASET_SHARD, shard=state.shard, rows=state.size,
+                      successes=state.tally.successes, folder=str(self.options.folder))
         except BaseException as exc:
             self._failure = exc
             raise
@@ -519,7 +522,7 @@ class Collector:
             try:
                 limit = await limits.limit_sum()
             except Exception as exc:  # noqa: BLE001 - the rate line is a report: Redis away must not stop the crawl
-                log_event("dataset_limits_unreadable", level="warning", error=repr(exc)[:300])
+                log_event(contracts.EVENT_DATASET_LIMITS_UNREADABLE, error=repr(exc)[:300])
                 limit = None
             self._rate.look(time.monotonic(), self._crawled, limit)
             await asyncio.sleep(LIMITS_INTERVAL)

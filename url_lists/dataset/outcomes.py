@@ -17,10 +17,9 @@ from typing import Any
 
 from common import contracts
 from url_lists.dataset.keys import row_of, run_prefix
-from url_lists.results import Joiner
+from url_lists.results import ERROR, LINK_ROT, SUCCESS, Joiner
 
 OUTCOME_TOPICS = (contracts.METADATA_TOPIC, contracts.LINK_ROT_TOPIC, contracts.CRAWL_ERRORS_TOPIC)
-SUCCESS, LINK_ROT, ERROR = "success", "link_rot", "error"
 # A success whose X-Robots-Tag forbids storing the image: the crawler kept no thumbnail.
 X_ROBOTS_TAG_FORBIDS = "XRobotsTagForbidsImage"
 THUMBNAIL_MISSING = "ThumbnailMissing"  # a success whose thumbnail S3 does not have
@@ -86,7 +85,7 @@ class OutcomeReader:
                 outcome.update(status=ERROR, error_message=X_ROBOTS_TAG_FORBIDS)
             else:
                 outcome.update(status=SUCCESS, thumbnail_key=joined["thumbnail_key"])
-        elif kind == contracts.LINK_ROT_TOPIC:
+        elif kind == LINK_ROT:
             outcome = {"status": LINK_ROT}
         else:
             outcome = {"status": ERROR, "error_message": joined.get("reason") or "unknown",

@@ -67,7 +67,7 @@ class KafkaOutcomes:
             answers = {partition_name(tp.topic, tp.partition): tp.offset
                        for tp in self._consumer.offsets_for_times(asked, timeout=WATERMARK_TIMEOUT)}
         except KafkaException as exc:
-            log_event("dataset_offsets_by_time_unavailable", error=str(exc)[:300])
+            log_event(contracts.EVENT_DATASET_OFFSETS_BY_TIME, error=str(exc)[:300])
             answers = {}
         out = {}
         for tp in partitions:

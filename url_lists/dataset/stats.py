@@ -10,7 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-SUCCESS, LINK_ROT, ERROR = "success", "link_rot", "error"
+from url_lists.results import ERROR, LINK_ROT, SUCCESS
+
 TOP_SITES = 20
 # The crawl's per-site failure counts keep this many sites; past it, the least failing half is
 # dropped (the top 20 stay exact unless a site's failures are spread thinner than that).
@@ -72,7 +73,7 @@ class Tally:
 
     def merge(self, other: dict[str, Any]) -> None:
         """Add a shard's ``as_dict()`` (read back from its stats file)."""
-        for name in ("rows", "successes", "link_rot", "errors", "bad_rows", "waited_for_robots",
+        for name in ("rows", "successes", LINK_ROT, "errors", "bad_rows", "waited_for_robots",
                      "waited_for_retry_after"):
             setattr(self, name, getattr(self, name) + int(other.get(name, 0)))
         for name in ("by_reason", "by_http_status", "failures_by_site", "other_outcomes"):
@@ -86,7 +87,7 @@ class Tally:
     def as_dict(self, top_sites: int | None = None) -> dict[str, Any]:
         sites = self.failures_by_site.most_common(top_sites)
         return {
-            "rows": self.rows, "successes": self.successes, "link_rot": self.link_rot, "errors": self.errors,
+            "rows": self.rows, "successes": self.successes, LINK_ROT: self.link_rot, "errors": self.errors,
             "bad_rows": self.bad_rows,
             "by_reason": dict(self.by_reason.most_common()),
             "by_http_status": dict(sorted(self.by_http_status.items())),
@@ -151,7 +152,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
     lines = [f"rows read: {summary['rows_read']:,}; with an outcome: {rows:,}",
              f"successes: {share(totals['successes'])}",
-             f"link rot (404, 410): {share(totals['link_rot'])}",
+             f"link rot (404, 410): {share(totals[LINK_ROT])}",
              f"errors: {share(totals['errors'])}, of which bad rows in the list: {totals['bad_rows']:,}"]
     for bad in totals["bad"][:10]:
         lines.append(f"  bad row: {bad['file']} row {bad['row']}: {bad['reason']}")

@@ -89,7 +89,7 @@ class _Rows:
 
 
 def _sample_json(row: dict[str, Any]) -> bytes:
-    return json.dumps(row, ensure_ascii=False, default=str).encode()
+    return json.dumps(row, ensure_ascii=False).encode()
 
 
 def _write_stats(folder: Path, shard: int, stats: dict[str, Any]) -> None:
