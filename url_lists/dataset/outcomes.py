@@ -111,8 +111,6 @@ class OutcomeReader:
             message = _object(raw) or {}
             outcome["robots_wait"] = message.get(ROBOTS_WAIT_FIELD) is not None
             outcome["retry_after_wait"] = message.get(RETRY_AFTER_WAIT_FIELD) is not None
-        if isinstance(outcome.get("error_message"), str) and outcome.get("error_message") == "RobotsUnavailable":
-            outcome["robots_wait"] = True  # it waited for robots.txt until the crawl gave up
 
 
 def _object(raw: bytes) -> dict[str, Any] | None:
