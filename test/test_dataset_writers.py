@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from url_lists.dataset.writers import TarMembers, discard_leftovers, row_schema, shard_writer
+from url_lists.dataset.writers import TarMembers, discard_leftovers, extra_columns, row_schema, shard_writer
 
 INPUT = pa.schema([("row", pa.int64()), ("key", pa.string()), ("url", pa.string()), ("caption", pa.string()),
                    ("status", pa.string()), ("bad_reason", pa.string()), ("source_file", pa.string()),
@@ -91,6 +91,15 @@ def test_leftovers_of_an_unpublished_shard_are_discarded(tmp_path: Path, fmt: st
         writer.add(row, image)
     discard_leftovers(tmp_path, 3)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lists_columns_named_like_ours_are_kept_under_another_name() -> None:
+    schema = INPUT.append(pa.field("width", pa.string())).append(pa.field("width_input", pa.int8())) \
+        .append(pa.field("jpg", pa.string()))
+    assert extra_columns(schema) == {"license": "license", "score": "score", "width": "width_input_input",
+                                     "width_input": "width_input", "jpg": "jpg_input"}
+    names = row_schema(schema).names
+    assert len(names) == len(set(names))
 
 
 def test_a_long_member_name_is_refused() -> None:

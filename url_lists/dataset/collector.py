@@ -46,8 +46,8 @@ from url_lists.dataset.outcomes import (ERROR, OUTCOME_TOPICS, SUCCESS, THUMBNAI
 from url_lists.dataset.sources import KafkaOutcomes, LimitSource, OutcomeSource, Record, RedisLimits, partition_name
 from url_lists.dataset.s3 import StoreUnavailable
 from url_lists.dataset.stats import MAX_BAD_ROWS_LISTED, TOP_SITES, RateWindow, Tally, shard_stats, summary_lines
-from url_lists.dataset.writers import (OUTCOME_FIELDS, ShardWriter, discard_leftovers, row_schema, shard_writer,
-                                       stats_path)
+from url_lists.dataset.writers import (OUTCOME_FIELDS, ShardWriter, discard_leftovers, extra_columns, row_schema,
+                                       shard_writer, stats_path)
 from url_lists.rows import url_origin_of
 from url_lists.sites import site_of_host
 from url_lists.tsv_producer import with_scheme
@@ -91,7 +91,7 @@ class _Shard:
     def __init__(self, options: DatasetOptions, shard: int, journaled: dict[int, dict[str, Any]]):
         table = inputs.read_input_shard(options.folder, shard)
         self.shard = shard
-        self.extra = inputs.additional_columns(table)
+        self.extra = extra_columns(table.schema)  # input name -> output name
         columns = table.to_pydict()
         self.columns = columns
         numbers = columns["row"]
@@ -117,7 +117,7 @@ class _Shard:
         i = self.index.index(row) if isinstance(self.index, range) else self.index[row]
         c = self.columns
         return {"key": c["key"][i], "url": c["url"][i], "caption": c["caption"][i],
-                **{name: c[name][i] for name in self.extra}}
+                **{out: c[name][i] for name, out in self.extra.items()}}
 
     def bad_rows(self) -> list[tuple[int, dict[str, Any]]]:
         c = self.columns

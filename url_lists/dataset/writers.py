@@ -44,10 +44,25 @@ BUFFER_ROWS = 256
 BUFFER_BYTES = 8 << 20  # a parquet shard's buffered image bytes before a row group is written
 
 
+_OWN_COLUMNS = frozenset(["key", "url", "caption", IMAGE_COLUMN] + [f.name for f in OUTCOME_FIELDS])
+
+
+def extra_columns(input_schema: pa.Schema) -> dict[str, str]:
+    """The input's additional columns and their names in the output: a list's own ``status`` or
+    ``width`` column is kept as ``status_input``, ``width_input`` (never lost, never mistaken)."""
+    names: dict[str, str] = {}
+    for name in additional_columns(input_schema):
+        out = name
+        while out in _OWN_COLUMNS or out in names.values() or (out != name and out in input_schema.names):
+            out += "_input"
+        names[name] = out
+    return names
+
+
 def row_schema(input_schema: pa.Schema) -> pa.Schema:
     """A shard's rows: key, url, caption, the input's additional columns as they were read, the outcome."""
     fields = [pa.field("key", pa.string()), pa.field("url", pa.string()), pa.field("caption", pa.string())]
-    fields += [input_schema.field(name) for name in additional_columns(input_schema)]
+    fields += [input_schema.field(name).with_name(out) for name, out in extra_columns(input_schema).items()]
     return pa.schema(fields + OUTCOME_FIELDS)
 
 
