@@ -59,6 +59,7 @@ POLL_MESSAGES = 2_000
 POLL_TIMEOUT = 0.2
 SYNC_INTERVAL = 0.5        # seconds between two journal syncs (and saves of the offsets)
 MAX_FETCHES = 256          # thumbnails being fetched (or waiting for a connection) at once
+DATA_SYNC_BYTES = 32 << 20  # an open shard's images are synced as they pass this, not all at its end
 LIMITS_INTERVAL = 5.0      # seconds between two reads of the sites' limits
 FETCH_RETRY_FIRST, FETCH_RETRY_MAX = 0.5, 30.0
 # A fresh run reads the outcome topics from this long before its run.json was written:
@@ -493,11 +494,13 @@ class Collector:
         """On the disk thread, in order with the syncs: a sync queued after it releases the
         shard's messages only once the shard is in place."""
         try:
+            started = time.monotonic()
             state.journal.close()
             state.writer.publish(stats)
             state.journal.remove()
             log_event(contracts.EVENT_DATASET_SHARD, shard=state.shard, rows=state.size,
-                      successes=state.tally.successes, folder=str(self.options.folder))
+                      successes=state.tally.successes, folder=str(self.options.folder),
+                      seconds=round(time.monotonic() - started, 3))
         except BaseException as exc:
             self._failure = exc
             raise
@@ -508,7 +511,10 @@ class Collector:
         loop = asyncio.get_running_loop()
         released, self._unreleased = self._unreleased, []
         journals = [shard.journal for shard in self._shards.values() if shard.journal.dirty]
-        await loop.run_in_executor(self._disk, _sync_all, journals)
+        bulky = [shard.writer for shard in self._shards.values() if shard.writer.unsynced >= DATA_SYNC_BYTES]
+        for writer in bulky:
+            writer.unsynced = 0
+        await loop.run_in_executor(self._disk, _sync_all, journals, bulky)
         if self._failure is not None:
             raise self._failure
         for name, offset in released:
@@ -544,6 +550,8 @@ class Collector:
         publish(temporary, path)
 
 
-def _sync_all(journals: list[Journal]) -> None:
+def _sync_all(journals: list[Journal], writers: list[ShardWriter]) -> None:
+    for writer in writers:
+        writer.sync_data()
     for journal in journals:
         journal.sync()

@@ -71,7 +71,12 @@ def shard_name(shard: int) -> str:
 
 
 class ShardWriter(Protocol):
+    unsynced: int  # image bytes added since the last sync_data
+
     def add(self, row: dict[str, Any], image: bytes | None) -> None: ...
+    def sync_data(self) -> None:
+        """Flush what is written so far to the disk (off the event loop), so that publishing
+        a large shard does not wait for all of it at once."""
     def publish(self, stats: dict[str, Any]) -> None: ...
     def discard(self) -> None: ...
 
@@ -163,10 +168,16 @@ class WebDatasetWriter:
         self._file = temporary_name(self._tar_path).open("wb")
         self._tar = TarMembers(self._file, int(time.time()))
         self._rows = _Rows(temporary_name(self._rows_path), schema)
+        self.unsynced = 0
+
+    def sync_data(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def add(self, row: dict[str, Any], image: bytes | None) -> None:
         if image is not None:
             key = row["key"]
+            self.unsynced += len(image)
             self._tar.add(f"{key}.jpg", image)
             self._tar.add(f"{key}.txt", (row.get("caption") or "").encode())
             self._tar.add(f"{key}.json", _sample_json(row))
@@ -195,8 +206,13 @@ class ParquetWriter:
         self._folder, self._shard = folder, shard
         self._path = folder / f"{shard_name(shard)}.parquet"
         self._rows = _Rows(temporary_name(self._path), schema.append(pa.field(IMAGE_COLUMN, pa.binary())))
+        self.unsynced = 0
+
+    def sync_data(self) -> None:
+        fsync_path(self._rows.path)  # the row groups written so far
 
     def add(self, row: dict[str, Any], image: bytes | None) -> None:
+        self.unsynced += len(image) if image else 0
         self._rows.add({**row, IMAGE_COLUMN: image}, len(image) if image else 0)
 
     def publish(self, stats: dict[str, Any]) -> None:
@@ -220,10 +236,17 @@ class FilesWriter:
         self._rows_path = folder / f"{shard_name(shard)}.parquet"
         self._rows = _Rows(temporary_name(self._rows_path), schema)
         self._written: list[Path] = []
+        self.unsynced = 0
+
+    def sync_data(self) -> None:
+        written, self._written = self._written, []
+        for path in written:
+            fsync_path(path)
 
     def add(self, row: dict[str, Any], image: bytes | None) -> None:
         if image is not None:
             key = row["key"]
+            self.unsynced += len(image)
             for suffix, data in (("jpg", image), ("txt", (row.get("caption") or "").encode()),
                                  ("json", _sample_json(row))):
                 path = self._temporary_dir / f"{key}.{suffix}"
