@@ -93,6 +93,16 @@ def test_leftovers_of_an_unpublished_shard_are_discarded(tmp_path: Path, fmt: st
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_publication_cut_short_is_discarded_whole(tmp_path: Path) -> None:
+    write(tmp_path, "files")
+    (tmp_path / "00003_stats.json").unlink()  # a crash before the stats file, the last rename
+    discard_leftovers(tmp_path, 3)
+    assert list(tmp_path.iterdir()) == []
+    write(tmp_path, "webdataset")
+    with pytest.raises(ValueError):
+        discard_leftovers(tmp_path, 3)  # a complete shard is never discarded
+
+
 def test_a_lists_columns_named_like_ours_are_kept_under_another_name() -> None:
     schema = INPUT.append(pa.field("width", pa.string())).append(pa.field("width_input", pa.int8())) \
         .append(pa.field("jpg", pa.string()))

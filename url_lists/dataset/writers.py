@@ -284,8 +284,13 @@ def stats_path(folder: Path, shard: int) -> Path:
 
 
 def discard_leftovers(folder: Path, shard: int) -> None:
-    """Whatever a crash left of an unfinished shard's temporary outputs."""
+    """Whatever a crash left of a shard with no stats file (so incomplete): its temporary
+    outputs, and the files a publication cut short had already renamed into place."""
     name = shard_name(shard)
+    if stats_path(folder, shard).exists():
+        raise ValueError(f"shard {shard} is complete: its outputs are not leftovers")
     for final in (folder / f"{name}.tar", folder / f"{name}.parquet", folder / f"{name}_stats.json"):
         temporary_name(final).unlink(missing_ok=True)
-    shutil.rmtree(temporary_name(folder / name), ignore_errors=True)
+        final.unlink(missing_ok=True)
+    for directory in (folder / name, temporary_name(folder / name)):
+        shutil.rmtree(directory, ignore_errors=True)
