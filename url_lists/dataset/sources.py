@@ -62,6 +62,9 @@ class KafkaOutcomes:
 
     def _offsets_since(self, partitions: list[TopicPartition], since: float) -> dict[str, int]:
         """The first offset at or after ``since`` in each partition: its end if it has none yet."""
+        # The watermarks first: a message produced after them is read, whatever the lookup says.
+        marks = {partition_name(tp.topic, tp.partition): self._consumer.get_watermark_offsets(
+            tp, timeout=WATERMARK_TIMEOUT) for tp in partitions}
         asked = [TopicPartition(tp.topic, tp.partition, int(since * 1000)) for tp in partitions]
         try:
             answers = {partition_name(tp.topic, tp.partition): tp.offset
@@ -72,7 +75,7 @@ class KafkaOutcomes:
         out = {}
         for tp in partitions:
             name = partition_name(tp.topic, tp.partition)
-            low, high = self._consumer.get_watermark_offsets(tp, timeout=WATERMARK_TIMEOUT)
+            low, high = marks[name]
             answer = answers.get(name)
             out[name] = low if answer is None else (high if answer < 0 else max(low, answer))
         return out
