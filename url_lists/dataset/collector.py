@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from common import contracts
 from common.hosts import InvalidHost
 from common.jsonlog import log_event
@@ -90,12 +92,18 @@ class _Shard:
     """An open shard: its input rows, which have finished, its writer, journal and tally."""
 
     def __init__(self, options: DatasetOptions, shard: int, journaled: dict[int, dict[str, Any]]):
-        table = inputs.read_input_shard(options.folder, shard)
+        table = inputs.read_input_shard(options.folder, shard).combine_chunks()
         self.shard = shard
         self.extra = extra_columns(table.schema)  # input name -> output name
-        columns = table.to_pydict()
-        self.columns = columns
-        numbers = columns["row"]
+        # Kept as Arrow arrays, read a value at a time: half the memory of Python lists.
+        self._values = [("key", _array(table, "key")), ("url", _array(table, "url")),
+                        ("caption", _array(table, "caption"))]
+        self._values += [(out, _array(table, name)) for name, out in self.extra.items()]
+        numbers = table.column("row").to_pylist()
+        self._bad = [(row, bad_row_outcome(reason, source_file, source_row)) for row, status, reason, source_file,
+                     source_row in zip(numbers, *(table.column(name).to_pylist() for name in (
+                         "status", "bad_reason", "source_file", "source_row")), strict=True)
+                     if status == inputs.BAD]
         # Rows numbered in a run (the usual case) need no table from row to position.
         contiguous = numbers == list(range(numbers[0], numbers[0] + len(numbers))) if numbers else True
         self.index: range | dict[int, int] = range(numbers[0], numbers[0] + len(numbers)) if numbers and \
@@ -116,18 +124,20 @@ class _Shard:
 
     def identity(self, row: int) -> dict[str, Any]:
         i = self.index.index(row) if isinstance(self.index, range) else self.index[row]
-        c = self.columns
-        return {"key": c["key"][i], "url": c["url"][i], "caption": c["caption"][i],
-                **{out: c[name][i] for name, out in self.extra.items()}}
+        return {name: values[i].as_py() for name, values in self._values}
 
     def bad_rows(self) -> list[tuple[int, dict[str, Any]]]:
-        c = self.columns
-        return [(row, bad_row_outcome(c["bad_reason"][i], c["source_file"][i], c["source_row"][i]))
-                for i, row in enumerate(c["row"]) if c["status"][i] == inputs.BAD]
+        bad, self._bad = self._bad, []
+        return bad
 
     @property
     def complete(self) -> bool:
         return len(self.finished) == self.size
+
+
+def _array(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
 
 
 def _site(url: Any) -> str | None:
