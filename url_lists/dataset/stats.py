@@ -16,6 +16,7 @@ TOP_SITES = 20
 # The crawl's per-site failure counts keep this many sites; past it, the least failing half is
 # dropped (the top 20 stay exact unless a site's failures are spread thinner than that).
 MAX_SITES = 10_000
+BAD_ROW = "bad row"  # img2dataset's status_dict counts reasons; a bad row's own one is in its parquet row
 MAX_BAD_ROWS_LISTED = 1_000  # in stats.json; every bad row is in its shard's parquet and stats
 
 
@@ -52,7 +53,9 @@ class Tally:
             self.link_rot += 1
         elif status == ERROR:
             self.errors += 1
-            self.by_reason[str(outcome.get("error_message"))] += 1
+            if not outcome.get("bad"):  # a bad row's reason names its value: listed with its row instead
+                self.by_reason[str(outcome.get("error_message"))] += 1
+                _prune(self.by_reason, MAX_SITES)
             http = outcome.get("http_status")
             if http is not None:
                 self.by_http_status[str(http)] += 1
@@ -106,7 +109,8 @@ def shard_stats(tally: Tally, start: float, end: float) -> dict[str, Any]:
         "failed_to_download": tally.rows - tally.successes, "failed_to_resize": 0,
         "duration": end - start, "start_time": start, "end_time": end,
         "status_dict": {SUCCESS: tally.successes, **dict(tally.by_reason), **(
-            {LINK_ROT: tally.link_rot} if tally.link_rot else {})},
+            {LINK_ROT: tally.link_rot} if tally.link_rot else {}), **(
+            {BAD_ROW: tally.bad_rows} if tally.bad_rows else {})},
         **tally.as_dict(),
     }
 
