@@ -436,6 +436,8 @@ class Collector:
             return  # not a row of the list, or a repeated outcome: the first counts
         self._pending.setdefault(name, {})[offset] = None
         self._crawled += 1
+        if self._crawled == 1:  # the rate counts from the first outcome, not from the next look
+            self._rate.look(time.monotonic(), 1, None)
         self._start(state, row, outcome, (name, offset), journal=True)
 
     def _start(self, state: _Shard, row: int, outcome: dict[str, Any], message: tuple[str, int] | None,

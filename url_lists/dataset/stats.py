@@ -181,7 +181,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if rate["outcomes_per_second"] is None:
         lines.append("rate: not measured (the crawl was too short)")
     elif rate["sites_limit_sum"] is None:
-        lines.append(f"rate: {rate['outcomes_per_second']:,.1f} outcomes/s; the sites' limits were not readable")
+        lines.append(f"rate: {rate['outcomes_per_second']:,.1f} outcomes/s; the sites' limits were not read while "
+                     "it crawled (Redis not reachable, or the crawl was shorter than one look, 5 s)")
     else:
         lines.append(f"rate: {rate['outcomes_per_second']:,.1f} outcomes/s against {rate['sites_limit_sum']:,.1f} "
                      f"req/s, the sum of the limits of the sites being crawled ({100 * rate['ratio']:.0f}%): "
