@@ -165,7 +165,6 @@ class Collector:
         self._requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._tally = Tally(max_bad_listed=MAX_BAD_ROWS_LISTED)
         self._completed: dict[int, int] = {}   # shard -> its rows, for every published shard
-        self._journaled: dict[int, dict[int, dict[str, Any]]] = {}  # unopened shard -> journal
         self._load_folder()
         self._shards: dict[int, _Shard] = {}
         self._expected: set[int] = set()
@@ -237,8 +236,6 @@ class Collector:
                     self._completed[shard] = int(stats.get("count", 0))
                     self._tally.merge(stats)
                     journal_path(self.options.folder, shard).unlink(missing_ok=True)
-                    continue
-            self._journaled[shard] = read_journal(journal_path(self.options.folder, shard))
 
     def _state_path(self) -> Path:
         return self._crawl_dir / STATE_FILE
@@ -324,6 +321,7 @@ class Collector:
                 await limits.close()
                 if reader_context is not None:
                     await reader_context.__aexit__(None, None, None)
+                    self._thumbnails = None
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -396,11 +394,11 @@ class Collector:
             return state
         if not inputs.input_path(self.options.folder, shard).exists():
             return None
-        state = _Shard(self.options, shard, self._journaled.pop(shard, {}))
+        state = _Shard(self.options, shard, read_journal(journal_path(self.options.folder, shard)))
         self._shards[shard] = state
         for row, outcome in state.bad_rows():
             self._finish(state, row, outcome, None, journal=False)
-        for row, outcome in state.journaled.items():
+        for row, outcome in state.journaled.items():  # what a previous run finished: rebuilt
             if row in state.index and row not in state.finished:
                 self._start(state, row, outcome, None, journal=False)
         state.journaled = {}
@@ -533,7 +531,8 @@ class Collector:
             pending = self._pending.get(name)
             if pending is not None:
                 pending.pop(offset, None)
-        await loop.run_in_executor(self._disk, self._save_offsets, self._safe_offsets())
+        if self._next:  # not before the reading started: the saved offsets stay as they are
+            await loop.run_in_executor(self._disk, self._save_offsets, self._safe_offsets())
 
     async def _watch_limits(self, limits: LimitSource, stop: threading.Event) -> None:
         while not stop.is_set():
