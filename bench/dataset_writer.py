@@ -67,13 +67,21 @@ def rusage_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def unique(images: list[bytes], row: int) -> bytes:
+    """Image ``row``: one of the distinct ones with the row in a JPEG comment after its SOI
+    marker, so that no two are equal (as in a crawl; a Parquet dictionary would fold repeats)."""
+    base = images[row % len(images)]
+    comment = str(row).encode()
+    return base[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + base[2:]
+
+
 async def store(settings: Settings, run, images: list[bytes], count: int) -> None:
     async with s3_thumbnails(settings) as store:
         semaphore = asyncio.Semaphore(32)
 
         async def put(row: int) -> None:
             async with semaphore:
-                await store.put(row_identifier(run, row), images[row % len(images)])
+                await store.put(row_identifier(run, row), unique(images, row))
         await asyncio.gather(*(put(row) for row in range(count)))
 
 
@@ -113,6 +121,9 @@ PEER_SCRIPT = textwrap.dedent("""
     from img2dataset.writer import WebDatasetSampleWriter
     folder, count, per_shard, images_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     images = [open(f"{images_dir}/{n}.jpg", "rb").read() for n in range(int(sys.argv[5]))]
+    def unique(row):
+        base, comment = images[row % len(images)], str(row).encode()
+        return base[:2] + b"\\xff\\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + base[2:]
     schema = pa.schema([("url", pa.string()), ("caption", pa.string()), ("license", pa.string()),
                         ("key", pa.string()), ("status", pa.string()), ("error_message", pa.string()),
                         ("width", pa.int32()), ("height", pa.int32()), ("original_width", pa.int32()),
@@ -130,7 +141,7 @@ PEER_SCRIPT = textwrap.dedent("""
                     "license": "cc-by", "key": key, "status": "success", "error_message": None,
                     "width": 640, "height": 480, "original_width": 1024, "original_height": 768,
                     "exif": json.dumps({"Image Make": "Canon"}) if row % 3 == 0 else None}
-            writer.write(images[row % len(images)], key, caption, meta)
+            writer.write(unique(row), key, caption, meta)
         writer.close()
     print(json.dumps({"cpu": cpu() - start_cpu, "wall": time.monotonic() - start}))
 """)

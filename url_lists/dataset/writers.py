@@ -87,7 +87,9 @@ class _Rows:
     def __init__(self, path: Path, schema: pa.Schema):
         self.path = path
         self.schema = schema
-        self._writer = pq.ParquetWriter(path, schema)
+        # Images are unique: a dictionary of them is a hash of every image, then thrown away.
+        self._writer = pq.ParquetWriter(path, schema, use_dictionary=[
+            name for name in schema.names if name != IMAGE_COLUMN])
         self._buffer: list[dict[str, Any]] = []
         self._bytes = 0
 
