@@ -19,18 +19,21 @@ hop of a request, the first URL and each redirect target, in this order:
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager as AsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 from collections.abc import Mapping
 
 
 class Refused(Exception):
-    """A URL this crawler must not request; ``reason`` is its crawl_errors reason.
-    ``retry_at`` (Unix time): the refusal is for now only, ask again from then."""
+    """A URL this crawler must not request; ``reason`` is its status (and crawl_errors reason).
+    ``retry_at`` (Unix time): the refusal is for now only, ask again from then. ``decision``:
+    the site's opt-out (``worker.politeness.consent.Decision``): the URL ends in opted_out."""
 
-    def __init__(self, reason: str, detail: str = "", retry_at: float | None = None):
+    def __init__(self, reason: str, detail: str = "", retry_at: float | None = None,
+                 decision: Any = None):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.retry_at = retry_at
+        self.decision = decision
 
 
 class RequestGate(Protocol):
