@@ -81,7 +81,7 @@ async def fetch_tdmrep(session: aiohttp.ClientSession, origin: str, guard: Addre
                     url = urljoin(url, response.headers["Location"])
                     continue
                 if 200 <= status < 300:
-                    return _answer(await response.content.read(MAX_FILE_BYTES + 1), status)
+                    return _answer(await _read_up_to(response, MAX_FILE_BYTES + 1), status)
                 if status == 429 or status >= 500:
                     return RobotsFile(UNAVAILABLE, status=status)
                 return RobotsFile(ALLOW_ALL, status=status)  # no file: nothing reserved
@@ -90,6 +90,15 @@ async def fetch_tdmrep(session: aiohttp.ClientSession, origin: str, guard: Addre
         return RobotsFile(DISALLOW_ALL)  # a hop we must not or cannot follow: no answer will come
     except (TimeoutError, aiohttp.ClientError, OSError):
         return RobotsFile(UNAVAILABLE)
+
+
+async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    data = bytearray()
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        data += chunk
+        if len(data) >= limit:
+            break
+    return bytes(data[:limit])
 
 
 def _answer(data: bytes, status: int) -> RobotsFile:
