@@ -36,9 +36,10 @@ class PoliteGate:
 
     async def before_request(self, url: str, source: str) -> None:
         await self.guard.check(url)
-        await self.robots.check(url)
+        origin = origin_of(url)
+        await self.robots.check(url, origin)
         if self.tdmrep is not None:
-            await self.tdmrep.check(url)
+            await self.tdmrep.check(url, origin)
 
     @asynccontextmanager
     async def host_slot(self, url: str) -> AsyncIterator[None]:

@@ -38,20 +38,30 @@ def regex_of(pattern: str) -> str:
 
 class FirstMatch:
     """Patterns in order; ``first(path)`` is the index of the first that matches (TDMRep: "the most
-    specific match is the first in sequence"), one regular expression for all of them."""
+    specific match is the first in sequence"). Each pattern is filed under its literal prefix (up
+    to its first ``*``), so a path is matched only against the patterns whose prefix it starts
+    with: a few dictionary reads per distinct prefix length, however many patterns a file has."""
 
     def __init__(self, patterns: list[str]):
-        self._count = len(patterns)
-        alternatives = "|".join(f"({regex_of(p)})" for p in patterns)
-        self._regex = re.compile(alternatives, re.DOTALL) if patterns else None
+        self._by_prefix: dict[str, list[tuple[int, re.Pattern[str]]]] = {}
+        for index, pattern in enumerate(patterns):
+            body = normalise(pattern[:-1] if pattern.endswith("$") else pattern)
+            prefix = body.split("*", 1)[0]
+            self._by_prefix.setdefault(prefix, []).append((index, re.compile(regex_of(pattern), re.DOTALL)))
+        self._lengths = sorted({len(prefix) for prefix in self._by_prefix})
 
     def first(self, path: str) -> int | None:
-        if self._regex is None:
-            return None
-        match = self._regex.match(path)
-        if match is None or match.lastindex is None:
-            return None
-        return match.lastindex - 1
+        best: int | None = None
+        for length in self._lengths:
+            if length > len(path):
+                break
+            for index, regex in self._by_prefix.get(path[:length], ()):
+                if best is not None and index > best:
+                    break
+                if regex.match(path):
+                    best = index
+                    break
+        return best
 
 
 class LongestMatch:

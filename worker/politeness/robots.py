@@ -282,8 +282,9 @@ class RobotsCache:
         self._memory: TtlCache[str, Rules] = TtlCache(clock, max_bytes=memory_bytes)
         self._loading: dict[str, asyncio.Future[Rules]] = {}
 
-    async def check(self, url: str) -> None:
-        rules = await self.rules(origin_of(url))
+    async def check(self, url: str, origin: str | None = None) -> None:
+        """Refused if ``url`` (of ``origin``, if the caller has it) must not be requested."""
+        rules = await self.rules(origin_of(url) if origin is None else origin)
         if rules.verdict == UNAVAILABLE:
             raise Refused(self.unavailable_status, url, retry_at=rules.retry_at)
         decision = rules.refusal(url)

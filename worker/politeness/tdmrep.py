@@ -34,13 +34,16 @@ from worker.politeness.addresses import AddressGuard
 from worker.politeness.consent import Decision
 from worker.politeness.path_pattern import MAX_PATTERN_CHARS, FirstMatch, url_path
 from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, FETCH_TIMEOUT, MAX_REDIRECTS, RULES,
-                                      RULES_BASE_BYTES, RULES_BYTES_PER_CHAR, UNAVAILABLE, RobotsCache,
-                                      RobotsFile, Rules)
+                                      RULES_BASE_BYTES, UNAVAILABLE, RobotsCache, RobotsFile, Rules)
 
 TDMREP_PATH = "/.well-known/tdmrep.json"
 MAX_FILE_BYTES = 512 * 1024   # read no more; a real file is a few rules
 MAX_RULES_BYTES = 64 * 1024   # the rules kept in Redis and parsed by every worker, as robots.txt's group
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# Parsed rules cost about this much a rule (its compiled pattern) and a character kept
+# (tracemalloc, bench.consent; docs/decisions.md).
+TDM_BYTES_PER_RULE = 1200
+TDM_BYTES_PER_CHAR = 4
 
 
 def condensed_rules(text: str) -> str | None:
@@ -124,7 +127,7 @@ class TdmRules(Rules):
         self.status = file.status
         self._rules: list[list[Any]] = json.loads(file.body) if file.verdict == RULES else []
         self._match = FirstMatch([rule[0] for rule in self._rules])
-        self.size = RULES_BASE_BYTES + RULES_BYTES_PER_CHAR * len(file.body)
+        self.size = RULES_BASE_BYTES + TDM_BYTES_PER_RULE * len(self._rules) + TDM_BYTES_PER_CHAR * len(file.body)
 
     def refusal(self, url: str) -> Decision | None:
         if self.verdict != RULES:
