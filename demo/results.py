@@ -22,7 +22,7 @@ from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
 from common.contracts import allowed_per_second
-from demo.simweb import ROBOTS_PATH, Planned, SimWeb, busiest_second, spec_rate
+from demo.simweb import RULES_PATHS, Planned, SimWeb, busiest_second, spec_rate
 
 DOWNLOAD_THREADS = 8
 
@@ -80,7 +80,7 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
     for name, site in web.sites.items():
         uuids = [p.uuid for p in plan if p.source.lower() == name]
         kinds = [outcomes.kind_of(u) for u in uuids]
-        times = [r.time for r in site.log if r.path != ROBOTS_PATH]
+        times = [r.time for r in site.log if r.path not in RULES_PATHS]
         span = max(times) - min(times) if len(times) > 1 else 0.0
         ceiling = client.hget(adaptive_key(name), "ceiling")
         rows.append(SourceRow(
