@@ -94,6 +94,7 @@ class SiteSpec:
     slots: int = 0               # requests served at once, each for ``latency`` s; 0: no limit
     host: str = HOST             # any 127.x.y.z: distinct hosts get distinct per-host caps
     tdmrep_json: str | None = None  # /.well-known/tdmrep.json; None: 404
+    redirects: Mapping[str, str] = field(default_factory=dict)  # path -> Location of a 301 (before the rest)
     # Response headers by path prefix (X-Robots-Tag, tdm-reservation, Content-Usage...).
     path_headers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
@@ -217,6 +218,8 @@ class Site:
 
     def _respond(self, path: str) -> web.Response:
         spec = self.spec
+        if path in spec.redirects:
+            return web.Response(status=301, headers={"Location": spec.redirects[path]})
         if path == ROBOTS_PATH:  # rules are never throttled: the crawler must be able to read them
             if spec.robots_txt is None:
                 return web.Response(status=404)

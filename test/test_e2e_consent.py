@@ -47,6 +47,17 @@ SITES = {
     "xrtother": (None, None, {}, {"X-Robots-Tag": "otherbot: noai, noimageai"}, None),
 }
 FILE_LEVEL = {SIGNAL_ROBOTS, SIGNAL_ROBOTS_EXTRA, SIGNAL_ROBOTS_CONTENT_USAGE, SIGNAL_TDMREP_FILE}
+# Hostile sites, each with its open and reserved URLs: name -> (tdmrep.json, its redirects, headers of
+# every path, the signal every URL of the site ends by, None: crawled as if nothing were said).
+HOSTILE = {
+    "tdmhuge": ("[" + " " * (600 * 1024) + "]", {}, {}, SIGNAL_TDMREP_FILE),  # past 512 KiB: all reserved
+    "tdmnested": ("[" * 50_000 + "]" * 50_000, {}, {}, None),
+    "tdmnotjson": ("<html><body>Soft 404</body></html>", {}, {}, None),
+    "tdmloop": (None, {TDMREP_PATH: "/loop", "/loop": TDMREP_PATH}, {}, None),
+    "bigheader": (None, {}, {"X-Robots-Tag": "x" * 30_000 + ", noai"}, SIGNAL_X_ROBOTS_TAG),
+    "badheaders": (None, {}, {"X-Robots-Tag": ":::,,,;" * 500, "tdm-reservation": "1;" + "~" * 3_000,
+                              "Content-Usage": "train-ai=" + "(" * 5_000}, None),
+}
 
 
 def big_jpeg(megapixels: float = 7.0) -> bytes:
@@ -74,6 +85,16 @@ def consent_web(prefix: str, log_dir: Path, big: bytes) -> tuple[SimWeb, list[Pl
         path_headers = {"/": all_headers, RESERVED: {**all_headers, **reserved_headers}}
         specs.append(SiteSpec(source, image_count_for_rate(8), files, latency=0.01, robots_txt=robots,
                               host=f"127.0.45.{i + 1}", tdmrep_json=tdmrep, path_headers=path_headers))
+    for i, (name, (tdmrep, redirects, headers, signal)) in enumerate(HOSTILE.items()):
+        source = f"{prefix}{name}"
+        files = {}
+        for k in range(URLS):
+            ext, body, _ = synthetic_image((i * URLS + k) % 48)
+            files[f"{OPEN}{k}.{ext}"] = body
+            plan.append(Planned(str(uuidlib.uuid4()), source, f"{OPEN}{k}.{ext}",
+                                frozenset({OPTED_OUT if signal else QUALITY})))
+        specs.append(SiteSpec(source, image_count_for_rate(8), files, latency=0.01, host=f"127.0.46.{i + 1}",
+                              tdmrep_json=tdmrep, redirects=redirects, path_headers={"/": headers}))
     return SimWeb(specs, log_path=log_dir / "requests.jsonl"), plan
 
 
@@ -111,6 +132,13 @@ def test_every_signal_decides_before_the_download_and_is_recorded(crawl_env, tmp
             assert sizes == [len(big)] * URLS, (name, sizes)  # crawled as before: the whole image
         assert len(site.requests(TDMREP_PATH)) == 1, f"{name}: tdmrep.json fetched {len(site.requests(TDMREP_PATH))}x"
         assert len(site.requests(OPEN)) == URLS
+
+    for name, (_, redirects, _, signal) in HOSTILE.items():  # a clear decision, never a crash or a stop
+        site = web.sites[f"{prefix}{name}"]
+        mine = [m for u, m in decided.items() if by_uuid[u].source == site.spec.name]
+        assert {m["signal"] for m in mine} == ({signal} if signal else set()), (name, mine[:2])
+        assert len(site.requests(OPEN)) == (0 if signal in FILE_LEVEL else URLS), name
+        assert len(site.requests(TDMREP_PATH)) == (3 if redirects else 1), name  # a loop: 6 hops, 3 of them here
 
     client = redis.Redis.from_url(crawl_env["REDIS_URL"], decode_responses=True)
     for name, (*_, signal) in SITES.items():

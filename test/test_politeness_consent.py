@@ -132,7 +132,7 @@ CONSENT = ResponseConsent(tokens=(TOKEN, "CCBot"))
     ({"Content_Usage": "Train-AI=n"}, None, None),         # does not parse: unknown
     ({"Content_Usage": "train-ai=n;" + "x" * 10_000}, None, None),  # enormous: not parsed
     ({"Content_Usage": "\x00\xff=="}, None, None),
-    ({"X_Robots_Tag": "x" * 100_000 + ", noai"}, None, None),  # only the first 4 KiB is read
+    ({"X_Robots_Tag": "x" * 60_000 + ", noai"}, SIGNAL_X_ROBOTS_TAG, "x" * 300),  # read whole, value cut
     ({"X_Robots_Tag": ":::,,,\t"}, None, None),
 ])
 def test_a_response_head_decides_before_the_body(headers, signal, value):

@@ -29,9 +29,9 @@ AIPREF_ATTACH_DRAFT = "draft-ietf-aipref-attach-05"
 CONTENT_USAGE = "Content-Usage"
 TDM_RESERVATION, TDM_POLICY = "tdm-reservation", "tdm-policy"
 X_ROBOTS_TAG = "X-Robots-Tag"
-# A header value longer than this is not parsed: no real statement is near it, and parsing a
-# hostile megabyte per response would cost the worker. Its signal is then unknown (Content-Usage,
-# tdm-reservation) or read from its first MAX_HEADER_CHARS (X-Robots-Tag's directives).
+# A Content-Usage value longer than this is not parsed (its preferences are unknown): no real
+# statement is near it, and a structured-field parse of a hostile 64 KiB head costs the worker.
+# X-Robots-Tag is split whole (cheap); tdm-reservation is compared whole.
 MAX_HEADER_CHARS = 4096
 
 
@@ -115,7 +115,7 @@ class ResponseConsent:
         return None
 
     def _x_robots_tag(self, headers: Mapping[str, str]) -> Decision | None:
-        values = [v[:MAX_HEADER_CHARS] for v in _values(headers, X_ROBOTS_TAG)]
+        values = _values(headers, X_ROBOTS_TAG)  # read whole: the client bounds a head to 64 KiB
         if not values:
             return None
         for value in values:
