@@ -4,10 +4,12 @@ The worker's fetcher (``worker/fetch.py``) calls a ``RequestGate`` for every
 hop of a request, the first URL and each redirect target, in this order:
 
 1. ``await gate.before_request(url, source)``: may raise ``Refused``
-   (``RobotsDisallowed``, ``ForbiddenAddress``; ``RobotsUnavailable`` with a
-   ``retry_at``: the URL must wait, not end) before any token is spent;
-   waits while the host's robots.txt is being fetched by whichever worker
-   got there first.
+   (``ForbiddenAddress``; ``RobotsDisallowed`` or ``OptedOut`` with the
+   site's ``decision``: robots.txt, its Content-Usage rules, tdmrep.json;
+   ``RobotsUnavailable`` or ``TdmRepUnavailable`` with a ``retry_at``: the
+   URL must wait, not end) before any token is spent; waits while the
+   host's robots.txt and tdmrep.json are fetched by whichever worker got
+   there first.
 2. ``async with gate.host_slot(url):`` the per-host concurrency cap and the
    Crawl-delay turn.
 3. inside the slot the fetcher takes a ``currtokens:{source}`` token and
