@@ -38,7 +38,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from demo.sample import PHOTOS, _photo, variant
 from devstack.stack import LocalStack
-from demo.simweb import ROBOTS_PATH, Planned, SimWeb, SiteSpec
+from demo.simweb import RULES_PATHS, Planned, SimWeb, SiteSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_VENV = ROOT / "bench" / ".venv-img2dataset"
@@ -114,7 +114,7 @@ def children_cpu() -> float:
 
 
 def image_requests(web: SimWeb) -> list[float]:
-    return sorted(r.time for r in web.all_requests() if r.path != ROBOTS_PATH)
+    return sorted(r.time for r in web.all_requests() if r.path not in RULES_PATHS)
 
 
 def ensure_peer() -> None:

@@ -28,6 +28,11 @@ METADATA_TOPIC = "image_metadata_updates"
 LINK_ROT_TOPIC = "link_rot"
 CRAWL_ERRORS_TOPIC = "crawl_errors"
 REJECTED_TOPIC = "rejected_messages"
+# A URL whose site opted out of being crawled by us (robots.txt, TDMRep, AI preferences,
+# X-Robots-Tag): its own terminal outcome, with the signal and the value that decided it.
+OPTED_OUT_TOPIC = "opted_out"
+# Every terminal outcome's topic (SPEC.md §1): a reader of a crawl's results reads all of them.
+OUTCOME_TOPICS = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, OPTED_OUT_TOPIC)
 # URLs waiting for a time (worker.waiting): for their host's robots.txt, or parked because their
 # source cannot take them now (its queue in the worker is full, it is paused or backed off).
 # One topic per length of wait, so each is in the order its messages fall due.
@@ -131,6 +136,12 @@ retry_after_key = _keyed("retry_after")  # Unix time until which a 429/503 Retry
 robots_key = _keyed("robots")            # per origin
 robots_lock_key = _keyed("robots_lock")
 crawl_delay_key = _keyed("crawl_delay_next")
+tdmrep_key = _keyed("tdmrep")            # per origin: its /.well-known/tdmrep.json, as robots:{origin}
+tdmrep_lock_key = _keyed("tdmrep_lock")
+# Opt-outs counted per signal (SPEC.md §2): hashes, field the signal, value the URLs it ended.
+# Counters, like num_resized: the crawl's record of which sites opt out and how.
+OPTED_OUT = "opted_out"
+opted_out_key = _keyed(OPTED_OUT)
 rate_limit_key = _keyed("rate_limit")    # the rate (req/s) the monitor grants a source now
 source_requests_key = _keyed("num_requests")  # every request a worker makes, for achieved rates
 # Held for 1/rate s after each request to a source, so the cluster's requests are evenly spaced
@@ -167,11 +178,6 @@ ACTIVE_SOURCES = "active_sources"
 urls_split_key = _keyed("urls_split")
 urls_ended_key = _keyed("urls_ended")
 
-# A source's backlog (issue 26) is urls_split - urls_ended: URLs split for the first time (a retry
-# is not new) and URLs that reached their terminal outcome. Counters: they never expire.
-urls_split_key = _keyed("urls_split")
-urls_ended_key = _keyed("urls_ended")
-
 
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.
 
@@ -192,6 +198,7 @@ EVENT_RETRY_AFTER = "source_paused_retry_after"
 # Worker-side politeness events.
 EVENT_RETRY_AFTER_RECEIVED = "retry_after_received"
 EVENT_ROBOTS_FETCHED = "robots_fetched"
+EVENT_TDMREP_FETCHED = "tdmrep_fetched"
 # The monitor's HTTP server.
 EVENT_HTTP_API_STARTED = "http_api_started"
 EVENT_HTTP_API_ERROR = "http_api_error"
@@ -449,6 +456,29 @@ def quality_message(identifier: str, width: int, height: int,
     return json.dumps({
         "identifier": identifier, "width": width, "height": height,
         "compression_quality": compression_quality, "filesize": filesize, **extra,
+    }).encode()
+
+
+# The signals an opted_out message names (SPEC.md §1).
+SIGNAL_ROBOTS = "robots-txt"                      # robots.txt, our product token's group
+SIGNAL_ROBOTS_EXTRA = "robots-txt-extra-token"    # robots.txt, a group of ROBOTS_EXTRA_TOKENS
+SIGNAL_ROBOTS_CONTENT_USAGE = "robots-content-usage"  # a Content-Usage rule of robots.txt
+SIGNAL_TDMREP_FILE = "tdmrep-file"                # /.well-known/tdmrep.json
+SIGNAL_TDMREP_HEADER = "tdmrep-header"            # a tdm-reservation: 1 response header
+SIGNAL_X_ROBOTS_TAG = "x-robots-tag"              # an X-Robots-Tag directive (noai, noimageai)
+SIGNAL_CONTENT_USAGE_HEADER = "content-usage-header"  # a Content-Usage response header
+SIGNALS = (SIGNAL_ROBOTS, SIGNAL_ROBOTS_EXTRA, SIGNAL_ROBOTS_CONTENT_USAGE, SIGNAL_TDMREP_FILE,
+           SIGNAL_TDMREP_HEADER, SIGNAL_X_ROBOTS_TAG, SIGNAL_CONTENT_USAGE_HEADER)
+MAX_DECISION_VALUE = 300  # characters of the value that decided it: a header may be enormous
+
+
+def opted_out_message(request: CrawlRequest, signal: str, value: str, status: int | None) -> bytes:
+    """``status``: the HTTP status of the response whose headers opted out; None when the URL was
+    never requested (a rule known before the request)."""
+    return json.dumps({
+        "identifier": request.uuid, "url": request.url, "source": request.source,
+        "signal": signal, "value": value[:MAX_DECISION_VALUE], "status": status,
+        "time": utc_now_iso(),
     }).encode()
 
 

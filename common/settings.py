@@ -7,6 +7,7 @@ should see the cause in the first line, not in a traceback.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -80,6 +81,14 @@ class Settings:
     # is granted (req/s), and which sources may: "lists" (not in SOURCES_URL), "all" or "none".
     discovery_max_rate: float = 32.0
     discovery_sources: str = "lists"
+    # Consent (issue 45, README "Politeness"): product tokens whose robots.txt groups bind us too,
+    # and a switch per further signal, each on by default.
+    robots_extra_tokens: tuple[str, ...] = ()
+    consent_tdmrep: bool = True
+    consent_content_usage: bool = True
+    content_usage_categories: tuple[str, ...] = ("train-ai",)
+    consent_x_robots_tag: bool = True
+    x_robots_tag_opt_out: tuple[str, ...] = ("noai", "noimageai")
 
     def __post_init__(self) -> None:
         # Half a key pair is a mistake, not a request for some other identity: botocore's
@@ -136,6 +145,13 @@ class Settings:
             default_source_rate=get("DEFAULT_SOURCE_RATE", _in(float, 0.001, 200.0), None),
             discovery_max_rate=get("DISCOVERY_MAX_RATE", _in(float, 1.0, 1000.0), d.discovery_max_rate),
             discovery_sources=get("DISCOVERY_SOURCES", _one_of(*DISCOVERY_SOURCES), d.discovery_sources),
+            robots_extra_tokens=get("ROBOTS_EXTRA_TOKENS", _names(r"[A-Za-z0-9_.-]+", lower=False), ()),
+            consent_tdmrep=get("CONSENT_TDMREP", _bool, True),
+            consent_content_usage=get("CONSENT_CONTENT_USAGE", _bool, True),
+            content_usage_categories=get("CONTENT_USAGE_CATEGORIES", _names(r"[a-z0-9_.*-]+"),
+                                         d.content_usage_categories),
+            consent_x_robots_tag=get("CONSENT_X_ROBOTS_TAG", _bool, True),
+            x_robots_tag_opt_out=get("X_ROBOTS_TAG_OPT_OUT", _names(r"[a-z0-9_-]+"), d.x_robots_tag_opt_out),
         )
 
     def s3_client_kwargs(self) -> dict[str, str]:
@@ -173,6 +189,17 @@ def _one_of(*choices: str) -> Callable[[str], str]:
         if raw.lower() not in choices:
             raise ValueError(f"must be one of {', '.join(choices)}")
         return raw.lower()
+    return parse
+
+
+def _names(pattern: str, lower: bool = True) -> Callable[[str], tuple[str, ...]]:
+    """A comma-separated list of names, each matching ``pattern`` (lower-cased first if ``lower``)."""
+    def parse(raw: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(n.strip().lower() if lower else n.strip() for n in raw.split(",") if n.strip()))
+        bad = [n for n in names if not re.fullmatch(pattern, n)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a name of {pattern}")
+        return names
     return parse
 
 

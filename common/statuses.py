@@ -25,6 +25,8 @@ class Status(StrEnum):
     FORBIDDEN_ADDRESS = "ForbiddenAddress"       # the SSRF guard: not a globally routable address
     ROBOTS_DISALLOWED = "RobotsDisallowed"       # the site's robots.txt says no
     ROBOTS_UNAVAILABLE = "RobotsUnavailable"     # robots.txt unreachable for ROBOTS_UNAVAILABLE_GIVE_UP
+    OPTED_OUT = "OptedOut"                       # another consent signal says no (opted_out topic)
+    TDMREP_UNAVAILABLE = "TdmRepUnavailable"     # tdmrep.json unreachable for ROBOTS_UNAVAILABLE_GIVE_UP
     UNIDENTIFIED_IMAGE = "UnidentifiedImageError"  # the body is no image Pillow knows
     DECOMPRESSION_BOMB = "DecompressionBomb"     # more pixels than MAX_IMAGE_PIXELS
     IMAGE_WORKER_CRASHED = "ImageWorkerCrashed"  # the decoder died on it, twice
@@ -38,14 +40,19 @@ class Status(StrEnum):
 # status read back from Redis as well; an unknown name (an unexpected exception's
 # class name) is neither retried nor expected.
 RETRYABLE = frozenset({Status.TIMEOUT, Status.SERVER_DISCONNECTED, Status.CONNECTION_ERROR})
-EXPECTED = frozenset({Status.UNIDENTIFIED_IMAGE, Status.ROBOTS_DISALLOWED})
+EXPECTED = frozenset({Status.UNIDENTIFIED_IMAGE, Status.ROBOTS_DISALLOWED, Status.OPTED_OUT})
+# A site's consent refused: the URL ends in opted_out, counted per signal, never as an error.
+OPT_OUTS = frozenset({Status.ROBOTS_DISALLOWED, Status.OPTED_OUT})
+# The per-origin rules files whose outage makes a URL wait (worker.waiting), not end.
+RULES_UNAVAILABLE = frozenset({Status.ROBOTS_UNAVAILABLE, Status.TDMREP_UNAVAILABLE})
 # Refused before the image was requested: the windows judge the site's answers to requests.
 # So are S3's and Kafka's refusals of one URL's output: they say nothing of the site (nor may
 # a hostile upstream message halt a source through them). Redis's are counted: no message's
 # value reaches Redis unvalidated, so they come from a source's (or origin's) state gone
 # wrong (an operator's SET of the wrong type), and the breaker then halts the source
 # instead of letting every one of its URLs end in crawl_errors.
-NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS, Status.ROBOTS_UNAVAILABLE, Status.THUMBNAIL_REFUSED,
+NOT_IN_WINDOWS = frozenset({Status.FORBIDDEN_ADDRESS, Status.ROBOTS_UNAVAILABLE, Status.TDMREP_UNAVAILABLE,
+                            Status.THUMBNAIL_REFUSED,
                             Status.MESSAGE_REFUSED})
 EXPECTED_HTTP = frozenset({200, 404, 410})  # and every 3xx
 # Answers (or silences) that say the site is short of capacity rather than that a URL is

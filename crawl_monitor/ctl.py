@@ -87,7 +87,7 @@ def format_status(sources: dict[str, SourceState]) -> str:
     if not sources:
         return f"no sources yet ({INBOUND_SOURCES} is empty)"
     lines = [f"{'SOURCE':<24} {'STATE':<7} {'LIMIT':>8} {'OVERRIDE':>8} {'CEILING':>8} {'ALLOWED':>8} {'RESP MS':>11} "
-             f"{'TOKENS':>7} {'REQUESTS':>10} {'SUCCESSES':>10} {'BACKLOG':>9}  ERRORS"]
+             f"{'TOKENS':>7} {'REQUESTS':>10} {'SUCCESSES':>10} {'BACKLOG':>9}  ERRORS  OPTED OUT"]
     for name, s in sources.items():
         state = HALTED if s.halted else "paused" if s.temp_halted else "ok"  # named after its set
         errors = ", ".join(f"{status}: {n}" for status, n in sorted(s.errors.items(), key=lambda e: -e[1]))
@@ -100,8 +100,16 @@ def format_status(sources: dict[str, SourceState]) -> str:
         lines.append(f"{name:<24} {state:<7} {_fmt(limit):>8} {_fmt(s.override):>8} {_fmt(ceiling):>8} {allowed:>8} "
                      f"{response:>11} "
                      f"{_fmt(s.tokens):>7} {s.requests:>10} {s.successes:>10} {s.backlog:>9}  "
-                     f"{s.error_total}{f' ({errors})' if errors else ''}")
+                     f"{s.error_total}{f' ({errors})' if errors else ''}  {_opted_out(s.opted_out)}")
     return "\n".join(lines)
+
+
+def _opted_out(by_signal: dict[str, int]) -> str:
+    """``12 (tdmrep-file: 10, x-robots-tag: 2)``: URLs the site opted out of, by signal."""
+    if not by_signal:
+        return "0"
+    signals = ", ".join(f"{signal}: {n}" for signal, n in sorted(by_signal.items(), key=lambda e: -e[1]))
+    return f"{sum(by_signal.values())} ({signals})"
 
 
 async def run(args: argparse.Namespace, redis: aioredis.Redis) -> str:

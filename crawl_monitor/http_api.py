@@ -126,7 +126,11 @@ class SourcesCollector(Collector):
                                      labels=["source"])
         backlog = GaugeMetricFamily("crawler_source_backlog", "URLs split and not yet ended "
                                     "(urls_split:{source} - urls_ended:{source}).", labels=["source"])
+        opted_out = CounterMetricFamily("crawler_source_opted_out", "URLs the site opted out of, by the signal "
+                                        "that decided (opted_out:{source}).", labels=["source", "signal"])
         for source, state in self.sources.items():
+            for signal, urls in state.opted_out.items():
+                opted_out.add_metric([source, signal], urls)
             requests.add_metric([source], state.requests)
             successes.add_metric([source], state.successes)
             own = next((rate for rate in (state.limit, state.ceiling, state.override) if rate is not None), None)
@@ -149,7 +153,7 @@ class SourcesCollector(Collector):
             adaptive.add_metric([source], int(state.adaptive))
             backlog.add_metric([source], state.backlog)
         yield from per_source
-        yield from (errors, response, adaptive, backlog)
+        yield from (errors, response, adaptive, backlog, opted_out)
 
 
 def render_metrics(sources: dict[str, SourceState]) -> bytes:

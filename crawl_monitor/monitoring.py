@@ -31,7 +31,7 @@ from crawl_monitor.active_sources import active_scores
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, ACTIVE_SOURCES_TICK_SECONDS,
                                      MONITORING_INTERVAL_SECONDS, MONITORING_MAX_LISTED, MONITORING_SPECIFIC_BYTES,
                                      MONITORING_TRIPPED_BYTES)
-from crawl_monitor.source_state import backlog
+from crawl_monitor.source_state import backlog, signal_counts
 
 _TOTALS = (contracts.NUM_RESIZED, contracts.RESIZE_ERRORS, contracts.NUM_SPLIT)
 
@@ -55,7 +55,8 @@ class MonitoringLog:
             pipe.scard(contracts.INBOUND_SOURCES)
             pipe.smembers(contracts.HALTED)
             pipe.smembers(contracts.TEMP_HALTED)
-            raw_totals, sources_total, halted, temp_halted = await pipe.execute()
+            pipe.hgetall(contracts.OPTED_OUT)
+            raw_totals, sources_total, halted, temp_halted, opted_out = await pipe.execute()
         stopped = {as_text(s) for s in halted} | {as_text(s) for s in temp_halted}
         now, wall = self._clock(), self._wall_clock()
         since = wall - MONITORING_INTERVAL_SECONDS if self._interval_start is None else self._interval_start
@@ -94,6 +95,8 @@ class MonitoringLog:
             "sources_total": count(sources_total),
             "sources_listed": len(specific),
             "sources_stopped": len(stopped),
+            # URLs their sites opted out of, per signal (SPEC.md §1 opted_out), since the crawl began.
+            "opted_out": signal_counts(opted_out),
         }
         self.latest = log_event(contracts.EVENT_MONITORING_UPDATE, general=general,
                                 specific=dict(sorted(specific.items())))
@@ -102,7 +105,7 @@ class MonitoringLog:
     async def _per_source(self, limited: list[str], listed: list[str]
                           ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
         """The rate limits of ``limited`` (for ``global_max_rps``) and the counters of
-        ``listed``: one MGET per key kind and four reads a listed source, whatever the crawl."""
+        ``listed``: one MGET per key kind and five reads a listed source, whatever the crawl."""
         if not limited:  # ``listed`` is among them
             return {}, {}
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -115,17 +118,19 @@ class MonitoringLog:
                 pipe.get(contracts.errors_key(source))
                 pipe.lrange(contracts.last_50_key(source), 0, -1)
                 pipe.hgetall(contracts.adaptive_key(source))
+                pipe.hgetall(contracts.opted_out_key(source))
             rate_limits, *replies = await pipe.execute()
         split, ended, *replies = replies or [[], []]
         read = {}
         for index, source in enumerate(listed):
-            successful, error, last_50, adaptive = replies[index * 4:(index + 1) * 4]
+            successful, error, last_50, adaptive, opted_out = replies[index * 5:(index + 1) * 5]
             read[source] = {
                 "successful": count(successful),
                 "error": count(error),
                 "last_50_statuses": dict(Counter(last_50)),
                 **adaptive_view(adaptive or {}),
                 "backlog": backlog(split[index], ended[index]),
+                "opted_out": signal_counts(opted_out),
             }
         limits = {source: finite_number(value) or 0.0 for source, value in zip(limited, rate_limits, strict=True)}
         return limits, read

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adaptive_key, adaptive_off_key,
                               error_statuses_key, errors_key,
                               override_rate_key, rate_limit_key, resized_key, source_requests_key, tokens_key,
-                              urls_ended_key, urls_split_key)
+                              opted_out_key, urls_ended_key, urls_split_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets, stopped_among
 from crawl_monitor.active_sources import Rereads, active_since
@@ -42,11 +42,22 @@ class SourceState:
     # URLs split and not yet ended (urls_split - urls_ended): what waits for the source, halted
     # or not, now that no topic per source shows it as lag (issue 26).
     backlog: int = 0
+    # URLs its site opted out of, by signal (opted_out:{source}; SPEC.md §1 opted_out).
+    opted_out: dict[str, int] = field(default_factory=dict)
 
     @property
     def error_total(self) -> int:
         return sum(self.errors.values())
 
+
+
+MAX_SIGNALS = 16  # fields of an opted_out hash read: workers write seven; a line stays bounded
+
+
+def signal_counts(raw: dict | None) -> dict[str, int]:
+    """An ``opted_out[:{source}]`` hash as {signal: URLs}; a field that is no count is left out."""
+    counts = {as_text(k)[:64]: count(v) for k, v in list((raw or {}).items())[:MAX_SIGNALS]}
+    return {signal: n for signal, n in sorted(counts.items()) if n > 0}
 
 
 def backlog(split: object, ended: object) -> int:
@@ -109,8 +120,12 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
         pipe.mget([key_of(source) for source in sources])
     for source in due:
         pipe.hgetall(adaptive_key(source))
+    for source in due:
+        pipe.hgetall(opted_out_key(source))
     replies = await pipe.execute()
-    columns, adaptive_states = replies[:len(kinds)], replies[len(kinds):]
+    columns = replies[:len(kinds)]
+    adaptive_states, opted_out_states = replies[len(kinds):len(kinds) + len(due)], replies[len(kinds) + len(due):]
+    opted_out = {source: signal_counts(raw) for source, raw in zip(due, opted_out_states, strict=True)}
     errors = await _read_errors(redis, due)
     adapted = {source: {as_text(k): finite_number(v) for k, v in (raw or {}).items()}
                for source, raw in zip(due, adaptive_states, strict=True)}
@@ -127,5 +142,6 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
             **{name: adaptive.get(name) for name in _ADAPTIVE_FIELDS},
             adaptive=off is None,
             backlog=backlog(split, ended),
+            opted_out=opted_out.get(source, before.opted_out),
         )
     return states

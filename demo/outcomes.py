@@ -1,8 +1,8 @@
 """Which terminal outcome each scheduled uuid got, read from the output topics.
 
 SPEC.md §1: every inbound URL ends in exactly one of a quality message (an
-``image_metadata_updates`` message with ``width``), ``link_rot`` or
-``crawl_errors``. At-least-once delivery may repeat an outcome, so outcomes
+``image_metadata_updates`` message with ``width``), ``link_rot``,
+``crawl_errors`` or ``opted_out``. At-least-once delivery may repeat an outcome, so outcomes
 are counted per uuid and kind: a repeat is a duplicate, two kinds a conflict.
 The collector keeps every message about its uuids (EXIF messages too) so
 the demo can write the results out.
@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer
 
-from common.contracts import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC
+from common.contracts import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC, OPTED_OUT_TOPIC
+from common.contracts import OUTCOME_TOPICS
 from common.kafka import consumer_config, coordinates, ensure_topics
 
 QUALITY = "quality"
-LINK_ROT, CRAWL_ERRORS = LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC  # those kinds are named after their topics
-OUTCOME_TOPICS = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC)
-TOPIC_KIND = {LINK_ROT_TOPIC: LINK_ROT, CRAWL_ERRORS_TOPIC: CRAWL_ERRORS}
+# Those kinds are named after their topics.
+LINK_ROT, CRAWL_ERRORS, OPTED_OUT = LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, OPTED_OUT_TOPIC
+TOPIC_KIND = {LINK_ROT_TOPIC: LINK_ROT, CRAWL_ERRORS_TOPIC: CRAWL_ERRORS, OPTED_OUT_TOPIC: OPTED_OUT}
 
 
 def outcome_kind(topic: str, message: dict[str, Any]) -> str | None:

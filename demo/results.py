@@ -18,11 +18,11 @@ import redis
 
 from common.contracts import ADAPTIVE_CEILING_FIELD, CRAWL_ERRORS_TOPIC, adaptive_key, thumbnail_key
 from demo.grants import GrantLog
-from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
+from demo.outcomes import CRAWL_ERRORS, LINK_ROT, OPTED_OUT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
 from common.contracts import allowed_per_second
-from demo.simweb import ROBOTS_PATH, Planned, SimWeb, busiest_second, spec_rate
+from demo.simweb import RULES_PATHS, Planned, SimWeb, busiest_second, spec_rate
 
 DOWNLOAD_THREADS = 8
 
@@ -68,6 +68,7 @@ class SourceRow:
     peak_rps: int
     allowed: float | None  # the mean grant over the busy span: what the adaptive back-off allowed
     limit: float
+    opted_out: int = 0     # URLs the site's consent signals kept out (robots.txt, TDMRep, ...)
 
 
 def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: str,
@@ -81,27 +82,27 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
     for name, site in web.sites.items():
         uuids = [p.uuid for p in plan if p.source.lower() == name]
         kinds = [outcomes.kind_of(u) for u in uuids]
-        times = [r.time for r in site.log if r.path != ROBOTS_PATH]
+        times = [r.time for r in site.log if r.path not in RULES_PATHS]
         span = max(times) - min(times) if len(times) > 1 else 0.0
         ceiling = client.hget(adaptive_key(name), ADAPTIVE_CEILING_FIELD)
         rows.append(SourceRow(
             name, len(uuids), kinds.count(QUALITY), kinds.count(LINK_ROT), kinds.count(CRAWL_ERRORS),
             len(times), (len(times) - 1) / span if span else 0.0, busiest_second(sorted(times))[0],
             grants.mean(name, min(times), max(times)) if times else None,
-            float(ceiling) if ceiling else spec_rate(site.spec.image_count)))
+            float(ceiling) if ceiling else spec_rate(site.spec.image_count), kinds.count(OPTED_OUT)))
     client.close()
     return rows
 
 
 def format_table(rows: list[SourceRow]) -> str:
     """``polite``: no sliding second held more than floor(limit) + 1 requests (``allowed_per_second``)."""
-    header = (f"{'source':<18}{'urls':>6}{'ok':>6}{'rot':>6}{'errors':>8}{'requests':>10}"
+    header = (f"{'source':<18}{'urls':>6}{'ok':>6}{'rot':>6}{'errors':>8}{'opt-out':>8}{'requests':>10}"
               f"{'mean req/s':>12}{'peak 1s':>9}{'allowed/s':>11}{'limit/s':>9}{'polite':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
         polite = "yes" if r.peak_rps <= allowed_per_second(r.limit) else "NO"
         allowed = "-" if r.allowed is None else f"{r.allowed:.2f}"
-        lines.append(f"{r.source:<18}{r.urls:>6}{r.successes:>6}{r.link_rot:>6}{r.errors:>8}"
+        lines.append(f"{r.source:<18}{r.urls:>6}{r.successes:>6}{r.link_rot:>6}{r.errors:>8}{r.opted_out:>8}"
                      f"{r.requests:>10}{r.mean_rps:>12.2f}{r.peak_rps:>9}{allowed:>11}{r.limit:>9.2f}{polite:>8}")
     lines.append("allowed/s: the mean rate the adaptive back-off granted while the source was crawled (a new\n"
                  "source starts at a tenth of its limit and doubles each second while its site answers as fast\n"

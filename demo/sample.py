@@ -17,7 +17,7 @@ import numpy as np
 import skimage.data
 from PIL import Image
 
-from demo.outcomes import CRAWL_ERRORS, LINK_ROT
+from demo.outcomes import CRAWL_ERRORS, LINK_ROT, OPTED_OUT
 from demo.simweb import BROKEN_BODIES, DISALLOW_PRIVATE, Planned, SiteSpec, encode
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "camera", "rocket", "cat", "hubble_deep_field",
@@ -90,7 +90,7 @@ def sample_web(seed: int = 6) -> tuple[list[SiteSpec], list[Planned]]:
                 path, expect = f"/photos/{k}.jpg", CRAWL_ERRORS
                 files[path] = rng.choice(BROKEN_BODIES + (truncated(body),))
             elif roll == 3 and source.robots_txt:
-                path, expect = f"/private/{k}.{ext}", CRAWL_ERRORS
+                path, expect = f"/private/{k}.{ext}", OPTED_OUT
                 files[path] = body
             else:
                 path, expect = f"/photos/{k}.{ext}", "quality"

@@ -47,10 +47,14 @@ from PIL import Image
 from protego import Protego
 
 from common.contracts import allowed_per_second
-from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY
+from demo.outcomes import CRAWL_ERRORS, LINK_ROT, OPTED_OUT, QUALITY
 
 HOST = "127.0.0.1"
 ROBOTS_PATH = "/robots.txt"
+TDMREP_PATH = "/.well-known/tdmrep.json"
+RULES_PATHS = (ROBOTS_PATH, TDMREP_PATH)  # per-origin files: fetched once a day, never throttled
+STREAM_BYTES = 256 * 1024   # a body this long is written in chunks, and the bytes sent are logged
+STREAM_CHUNK = 64 * 1024
 CONTENT_TYPES = {"jpg": "image/jpeg", "png": "image/png", "gif": "image/gif", "webp": "image/webp"}
 # Paths the standard web uses; their expected outcome is the test's oracle.
 IMAGE, MISSING, GONE, BROKEN, PRIVATE = "/img/", "/missing/", "/gone/", "/broken/", "/private/"
@@ -89,6 +93,10 @@ class SiteSpec:
     seed: int = 0
     slots: int = 0               # requests served at once, each for ``latency`` s; 0: no limit
     host: str = HOST             # any 127.x.y.z: distinct hosts get distinct per-host caps
+    tdmrep_json: str | None = None  # /.well-known/tdmrep.json; None: 404
+    redirects: Mapping[str, str] = field(default_factory=dict)  # path -> Location of a 301 (before the rest)
+    # Response headers by path prefix (X-Robots-Tag, tdm-reservation, Content-Usage...).
+    path_headers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 _SO_TIMESTAMPNS = 35  # Linux's option and its control message: a struct timespec per read
@@ -139,6 +147,9 @@ class RequestRecord:
     status: int
     user_agent: str
     served_in: float = 0.0  # seconds from arrival to the answer: queueing for a slot, then service
+    # A streamed body (STREAM_BYTES or longer): bytes the client's TCP acked by the end of the
+    # handler (a body sent whole may show a little less: its last bytes were still in flight).
+    sent_bytes: int | None = None
 
 
 class Site:
@@ -174,19 +185,49 @@ class Site:
             response = self._respond(request.path)
         finally:
             self.in_flight -= 1
+        sent = None
+        body = response.body if isinstance(response.body, bytes) else b""
+        if len(body) >= STREAM_BYTES:
+            response, sent = await self._stream(request, response, body)
         record = RequestRecord(arrived, self.spec.name, request.path_qs, response.status,
-                               request.headers.get("User-Agent", ""), time.time() - arrived)
+                               request.headers.get("User-Agent", ""), time.time() - arrived, sent)
         self.log.append(record)
         if self._log_file is not None:
             self._log_file.write(json.dumps(asdict(record)) + "\n")
         return response
 
+    @staticmethod
+    async def _stream(request: web.Request, response: web.Response,
+                      body: bytes) -> tuple[web.StreamResponse, int]:
+        """Write ``body`` in chunks; returns the bytes the client's TCP acknowledged (the kernel's
+        count, ``TCP_INFO``): what a site's own socket buffer took and then dropped at a reset
+        never crossed the network."""
+        stream = web.StreamResponse(status=response.status, headers=response.headers)
+        stream.content_length = len(body)
+        sock = request.transport.get_extra_info("socket") if request.transport else None
+        before = acked = _bytes_acked(sock)  # a kept-alive connection's earlier responses
+        try:
+            await stream.prepare(request)
+            for start in range(0, len(body), STREAM_CHUNK):
+                await stream.write(body[start:start + STREAM_CHUNK])
+                acked = max(acked, _bytes_acked(sock))
+            await stream.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the client closed the connection
+        return stream, max(acked, _bytes_acked(sock)) - before
+
     def _respond(self, path: str) -> web.Response:
         spec = self.spec
+        if path in spec.redirects:
+            return web.Response(status=301, headers={"Location": spec.redirects[path]})
         if path == ROBOTS_PATH:  # rules are never throttled: the crawler must be able to read them
             if spec.robots_txt is None:
                 return web.Response(status=404)
             return web.Response(text=spec.robots_txt, content_type="text/plain")
+        if path == TDMREP_PATH:
+            if spec.tdmrep_json is None:
+                return web.Response(status=404)
+            return web.Response(text=spec.tdmrep_json, content_type="application/json")
         self._served += 1
         if spec.throttle_every and self._served % spec.throttle_every == 0:
             return web.Response(status=429, headers={"Retry-After": str(spec.retry_after)})
@@ -198,7 +239,9 @@ class Site:
         if body is None:
             return web.Response(status=404, text="not found")
         content_type = CONTENT_TYPES.get(path.rsplit(".", 1)[-1], "application/octet-stream")
-        return web.Response(body=body, content_type=content_type)
+        headers = {k: v for prefix, extra in spec.path_headers.items() if path.startswith(prefix)
+                   for k, v in extra.items()}
+        return web.Response(body=body, content_type=content_type, headers=headers)
 
     # --- Evidence -----------------------------------------------------------
     def requests(self, prefix: str = "") -> list[RequestRecord]:
@@ -216,7 +259,7 @@ class Site:
         under way before the pause must show.
         """
         log = [r for r in list(self.log) if r.time >= since]
-        fetches = [r for r in log if r.path != ROBOTS_PATH]
+        fetches = [r for r in log if r.path not in RULES_PATHS]
         found = []
         times = sorted(r.time for r in fetches)
         peak, at = busiest_second(times)
@@ -243,6 +286,18 @@ class Site:
                 found.append(f"{self.spec.name}: {len(early)} requests within Retry-After "
                              f"{self.spec.retry_after}s of a 429")
         return found
+
+
+_TCP_INFO_BYTES_ACKED = struct.Struct("@Q")  # struct tcp_info's tcpi_bytes_acked, at byte 120 (Linux 4.2+)
+
+
+def _bytes_acked(sock: object) -> int:
+    """The bytes of this connection the peer acknowledged so far; 0 once it is closed."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)  # type: ignore[attr-defined]
+        return _TCP_INFO_BYTES_ACKED.unpack_from(info, 120)[0]
+    except (OSError, AttributeError, struct.error):
+        return 0
 
 
 def busiest_second(times: list[float]) -> tuple[int, float]:
@@ -429,12 +484,12 @@ def standard_web(n_sources: int, n_urls: int, prefix: str,
                 path, expect = f"{BROKEN}{n}.jpg", {CRAWL_ERRORS}
                 files[path] = BROKEN_BODIES[n % len(BROKEN_BODIES)]
             elif kind == 4 and disallows_private:
-                path, expect = f"{PRIVATE}{n}.{ext}", {CRAWL_ERRORS}
+                path, expect = f"{PRIVATE}{n}.{ext}", {OPTED_OUT}
                 files[path] = body  # served if asked: only robots.txt keeps the crawler out
             else:
                 path, expect = f"{IMAGE}{n}.{ext}", {QUALITY}
                 files[path] = body
-            if flaky and expect != {CRAWL_ERRORS}:
+            if flaky and expect not in ({CRAWL_ERRORS}, {OPTED_OUT}):
                 expect = expect | {CRAWL_ERRORS}  # a 500 or 429 on every attempt is an error
             shown = name.upper() if i == 1 else name  # the crawler must lower-case sources
             plan.append(Planned(str(uuidlib.uuid4()), shown, path, frozenset(expect)))

@@ -33,6 +33,11 @@ def test_an_exif_message_joins_its_quality_message() -> None:
                      "url": "https://x.example/c"}
     assert joiner.feed(contracts.LINK_ROT_TOPIC, 0, 0, b'{"identifier": "d"}') == {"identifier": "d",
                                                                                    "outcome": "link_rot"}
+    opted = joiner.feed(contracts.OPTED_OUT_TOPIC, 2, 0, json.dumps(
+        {"identifier": "e", "url": "https://x.example/photos/e.jpg", "signal": "tdmrep-file",
+         "value": "/photos/* reserved", "status": None}).encode())
+    assert opted == {"identifier": "e", "outcome": "opted_out", "status": None, "url": "https://x.example/photos/e.jpg",
+                     "signal": "tdmrep-file", "signal_value": "/photos/* reserved"}
     for hostile in (b"", b"[]", b'{"identifier": 5}', b"\xff", b"[" * 100_000):
         assert joiner.feed(contracts.LINK_ROT_TOPIC, 0, 0, hostile) is None
     assert joiner.unreadable == 5
@@ -57,14 +62,18 @@ def test_export_writes_shards_and_resumes_without_repeats(own_kafka: str, tmp_pa
     assert export.main([str(out), "--shard-rows", "4"]) == 0
     assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet", "part-00001.parquet"]
     send(own_kafka, [(contracts.METADATA_TOPIC, {**QUALITY, "identifier": "late"}),
-                     (contracts.CRAWL_ERRORS_TOPIC, {"identifier": "bad", "reason": "Timeout", "status": None})])
+                     (contracts.CRAWL_ERRORS_TOPIC, {"identifier": "bad", "reason": "Timeout", "status": None}),
+                     (contracts.OPTED_OUT_TOPIC, {"identifier": "no", "url": "https://x.example/n.jpg",
+                                                  "signal": "x-robots-tag", "value": "noai", "status": 200})])
     assert export.main([str(out)]) == 0                      # resumes: only the new outcomes
     table = pq.read_table(out)
     rows = {row["identifier"]: row for row in table.to_pylist()}
-    assert table.num_rows == len(rows) == 8
+    assert table.num_rows == len(rows) == 9
+    assert (rows["no"]["outcome"], rows["no"]["signal"], rows["no"]["signal_value"], rows["no"]["status"]) == (
+        "opted_out", "x-robots-tag", "noai", 200)
     assert rows["late"]["exif"] == '{"0x9209": 0}' and rows["gone"]["outcome"] == "link_rot"
     assert (rows["bad"]["outcome"], rows["bad"]["reason"], rows["bad"]["status"]) == ("error", "Timeout", None)
     assert export.main([str(tmp_path / "lines"), "--output-format", "jsonl"]) == 0
     lines = [json.loads(line) for path in sorted((tmp_path / "lines").glob("part-*.jsonl"))
              for line in path.read_text().splitlines()]
-    assert len(lines) == 8 and next(r for r in lines if r["identifier"] == "late")["exif"] == {"0x9209": 0}
+    assert len(lines) == 9 and next(r for r in lines if r["identifier"] == "late")["exif"] == {"0x9209": 0}

@@ -10,9 +10,10 @@ from crawl_monitor.monitoring import MonitoringLog
 from test.test_monitor_fakes import FakeAsyncRedis, FakeStore, RecordingStore
 
 GENERAL = {"global_max_rps", "error_rps", "processing_rate", "success_rps", "circuit_breaker_tripped",
-           "num_resized", "resize_errors", "split_rate", "sources_total", "sources_listed", "sources_stopped"}
+           "num_resized", "resize_errors", "split_rate", "sources_total", "sources_listed", "sources_stopped",
+           "opted_out"}
 SPECIFIC = {"successful", "error", "last_50_statuses", "rate_limit", "limit", "ceiling", "effective_rate",
-            "response_ms", "backlog"}
+            "response_ms", "backlog", "opted_out"}
 MAX_LINE_BYTES = 256 * 1024  # issue 26: one line stays under 256 KiB
 
 
@@ -44,6 +45,10 @@ async def test_update_has_exactly_the_spec_fields_and_rates_over_the_interval(ca
     store.set(contracts.errors_key("phylopic"), 7)
     store.set(contracts.urls_split_key("flickr"), 100)
     store.set(contracts.urls_ended_key("flickr"), 58)
+    store.hincrby(contracts.opted_out_key("flickr"), "tdmrep-file", 3)
+    store.hincrby(contracts.opted_out_key("flickr"), "x-robots-tag", 1)
+    store.hincrby(contracts.OPTED_OUT, "tdmrep-file", 3)
+    store.hincrby(contracts.OPTED_OUT, "x-robots-tag", 1)
     store.zadd(contracts.ACTIVE_SOURCES, {"flickr": time.time()})  # crawled now; phylopic and met are stopped
     store.rpush(contracts.last_50_key("flickr"), *(["200"] * 48 + ["404", "500"]))
     seed(store, resized=1_000, errors=10, split=5_000)
@@ -61,14 +66,15 @@ async def test_update_has_exactly_the_spec_fields_and_rates_over_the_interval(ca
         "global_max_rps": 178.5, "error_rps": 2.0, "processing_rate": 12.0, "success_rps": 10.0,
         "circuit_breaker_tripped": ["met", "phylopic"], "num_resized": 1_050, "resize_errors": 20,
         "split_rate": 1_000.0, "sources_total": 2, "sources_listed": 3, "sources_stopped": 2,
+        "opted_out": {"tdmrep-file": 3, "x-robots-tag": 1},
     }
     assert set(update["specific"]) == {"flickr", "phylopic", "met"}  # active or stopped
     assert all(set(entry) == SPECIFIC for entry in update["specific"].values())
     assert update["specific"]["flickr"] == {
         "successful": 40, "error": 0, "last_50_statuses": {"200": 48, "404": 1, "500": 1}, "rate_limit": 178.5,
         "limit": 2.0, "ceiling": 178.5, "effective_rate": 178.5, "response_ms": {"baseline": 210.5, "recent": 250.0},
-        "backlog": 42}
-    assert update["specific"]["phylopic"]["error"] == 7
+        "backlog": 42, "opted_out": {"tdmrep-file": 3, "x-robots-tag": 1}}
+    assert update["specific"]["phylopic"]["error"] == 7 and update["specific"]["phylopic"]["opted_out"] == {}
     # Before the adaptive back-off's first verdict on a source: no numbers, the same keys.
     assert update["specific"]["phylopic"]["effective_rate"] is None is update["specific"]["phylopic"]["ceiling"]
     assert update["specific"]["phylopic"]["response_ms"] == {"baseline": None, "recent": None}
@@ -134,7 +140,7 @@ async def test_at_100000_sources_a_line_reads_and_lists_only_the_active_and_stop
 def _keys_of(source: str) -> set[str]:
     return {source, contracts.rate_limit_key(source), contracts.urls_split_key(source),
             contracts.urls_ended_key(source), contracts.resized_key(source), contracts.errors_key(source),
-            contracts.last_50_key(source), contracts.adaptive_key(source)}
+            contracts.last_50_key(source), contracts.adaptive_key(source), contracts.opted_out_key(source)}
 
 
 async def test_a_line_stays_under_256_kib_however_many_sources_are_active_or_halted(capsys) -> None:

@@ -43,9 +43,11 @@ async def test_status_lists_every_source_with_its_state(redis_url, redis_client)
     assert [rows[s][10] for s in ("flickr", "animaldiversity", "phylopic")] == ["6790", "0", "9932"]  # BACKLOG
     assert lines[0].split()[11] == "BACKLOG"  # after RESP MS, two words
     assert "22 (500: 20, Timeout: 2)" in table.stdout
+    assert lines[0].endswith("ERRORS  OPTED OUT") and "15 (tdmrep-file: 12, x-robots-tag: 3)" in table.stdout
     as_json = json.loads(ctl(redis_url, "status", "--json").stdout)
     assert as_json["animaldiversity"]["override"] == 0.5
     assert as_json["phylopic"]["backlog"] == 9932
+    assert as_json["flickr"]["opted_out"] == {"tdmrep-file": 12, "x-robots-tag": 3}
 
 
 async def test_status_of_an_empty_crawl(redis_url) -> None:

@@ -52,6 +52,8 @@ async def seed(redis) -> None:
     await redis.mset({c.urls_split_key("flickr"): 20_000, c.urls_ended_key("flickr"): 13_210,
                       c.urls_split_key("phylopic"): 10_000, c.urls_ended_key("phylopic"): 68,
                       c.urls_split_key("animaldiversity"): 40, c.urls_ended_key("animaldiversity"): 41})
+    # Opt-outs (issue 45), as workers count them per signal.
+    await redis.hset(c.opted_out_key("flickr"), mapping={"tdmrep-file": 12, "x-robots-tag": 3})
     # Each was crawled just now: the monitor's per-second work covers the sources active lately.
     await redis.zadd(c.ACTIVE_SOURCES, dict.fromkeys(("flickr", "animaldiversity", "phylopic"), time.time()))
 
@@ -125,6 +127,9 @@ async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
     assert not re.search(r"_ms\b|_rps\b", text)
     check_metrics(text)
     assert [value("crawler_source_backlog", s) for s in ("flickr", "animaldiversity", "phylopic")] == [6790, 0, 9932]
+    opted = {dict(k[1])["signal"]: v for k, v in samples.items()
+             if k[0] == "crawler_source_opted_out_total" and dict(k[1])["source"] == "flickr"}
+    assert opted == {"tdmrep-file": 12, "x-robots-tag": 3}
 
 
 async def test_metrics_and_status_show_the_active_and_stopped_sources_and_count_the_rest(redis_client) -> None:

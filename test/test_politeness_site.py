@@ -14,6 +14,7 @@ from test.sites import TEST_USER_AGENT, Page, Site, fetch_politely, run_racing
 from test.worker_fakes import LoopbackResolver
 from worker.politeness.addresses import system_resolve
 from worker.politeness.gate import build_gate
+from worker.politeness.tdmrep import TDMREP_PATH
 
 
 
@@ -44,7 +45,7 @@ async def test_disallowed_paths_are_never_requested(redis_client, redis_url, ses
         outcomes = await asyncio.gather(
             *(fetch_politely(gate, session, site.url + p, "test") for p in paths))
     assert outcomes == [200, "RobotsDisallowed", 200, 200, "RobotsDisallowed", "RobotsDisallowed"]
-    assert sorted(site.paths()) == ["/a", "/go", "/private/z", "/robots.txt", "/secret/ok/y"]
+    assert sorted(site.paths()) == [TDMREP_PATH, "/a", "/go", "/private/z", "/robots.txt", "/secret/ok/y"]
     assert all(hit.user_agent == TEST_USER_AGENT for hit in site.hits)
 
 
@@ -110,4 +111,4 @@ async def test_redirect_to_internal_address_is_refused_per_hop(redis_client, red
             outcomes = [await fetch_politely(gate, session, public + p, "test")
                         for p in ("/img", "/meta", "/local", "/fine")]
     assert outcomes == ["ForbiddenAddress"] * 3 + [200]
-    assert sorted(site.paths()) == ["/fine", "/img", "/local", "/meta", "/robots.txt"]
+    assert sorted(site.paths()) == [TDMREP_PATH, "/fine", "/img", "/local", "/meta", "/robots.txt"]

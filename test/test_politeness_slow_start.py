@@ -13,7 +13,7 @@ from pathlib import Path
 
 from common.settings import DEFAULT_USER_AGENT, Settings
 from demo.crawl import crawl
-from demo.simweb import ROBOTS_PATH, SimWeb, spec_rate
+from demo.simweb import RULES_PATHS, SimWeb, spec_rate
 from test.test_e2e_crawl import crawl_env, fail_if_dead  # noqa: F401 - crawl_env is a fixture
 from test.test_politeness_adaptive import site
 
@@ -54,7 +54,7 @@ def test_new_sources_reach_their_limits_within_seconds(crawl_env, tmp_path: Path
         cluster.stop()
     shares, report = {}, []
     for name, (limit, _host) in zip(names, SOURCES, strict=True):
-        times = sorted(r.time for r in web.sites[name].log if r.path != ROBOTS_PATH)
+        times = sorted(r.time for r in web.sites[name].log if r.path not in RULES_PATHS)
         first = times[0]
         measured = [t for t in times if first + RAMP_SECONDS <= t < first + RAMP_SECONDS + MEASURE_SECONDS]
         shares[name] = len(measured) / MEASURE_SECONDS / limit

@@ -34,6 +34,7 @@ from worker.http_client import HttpClient
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard, GuardedResolver, build_connector, system_resolve
 from worker.politeness.gate import build_gate
+from worker.politeness.tdmrep import TDMREP_PATH, fetch_tdmrep
 from worker.politeness.robots import ALLOW_ALL, DISALLOW_ALL, UNAVAILABLE, fetch_robots, origin_of
 from worker.tokens import TokenBuckets
 
@@ -319,9 +320,13 @@ async def test_a_redirect_to_a_forbidden_spelling_is_never_followed(world, spell
     # refused (disallow), or a name that resolves nowhere (unavailable: its URLs wait)
     assert (await fetch_robots(session, origin, guarded)).verdict in (DISALLOW_ALL, UNAVAILABLE)
     assert net.forbidden_connects() == [], "robots.txt, guarded"
-    assert {hit.path for hit in site.hits} <= {"/hop", "/robots.txt"}
+    assert {hit.path for hit in site.hits} <= {"/hop", "/robots.txt", TDMREP_PATH}
     await fetch_robots(session, origin, AddressGuard(enabled=False))
     assert net.forbidden_connects() == [], "robots.txt, the connector alone"
+    # tdmrep.json redirected to the spelling: the same guard on every hop
+    site.pages[TDMREP_PATH] = Page(301, headers={"Location": target})
+    assert (await fetch_tdmrep(session, origin, guarded)).verdict in (DISALLOW_ALL, UNAVAILABLE)
+    assert net.forbidden_connects() == [], "tdmrep.json, guarded"
 
 
 @pytest.mark.parametrize("authority", PUBLIC_SPELLINGS, ids=lambda a: a.encode("unicode_escape").decode())
@@ -331,7 +336,7 @@ async def test_a_public_spelling_connects_to_the_address_the_guard_judged(world,
     assert await client_alone(client, f"http://{authority}:{net.site_port}/y.jpg") == "200"
     assert {host for host, _port in net.connects} == {PUBLIC_IP}
     assert net.names_connected_unjudged() == set()
-    assert site.paths() == ["/robots.txt", "/x.jpg", "/y.jpg"]
+    assert site.paths() == ["/robots.txt", TDMREP_PATH, "/x.jpg", "/y.jpg"]
     site.pages["/robots.txt"] = Page(404)
     robots = await fetch_robots(session, origin_of(f"http://{authority}:{net.site_port}/"),
                                 AddressGuard(resolve=net.guard_resolve))

@@ -17,11 +17,21 @@ def test_defaults_match_the_spec() -> None:
     assert s.s3_endpoint_url is None and s.crawl_allow_private_networks is False
     assert (s.robots_cache_bytes, s.robots_unavailable_give_up) == (64 << 20, 86400)
     assert (s.discovery_max_rate, s.discovery_sources) == (32.0, "lists")
+    assert (s.robots_extra_tokens, s.content_usage_categories, s.x_robots_tag_opt_out) == (
+        (), ("train-ai",), ("noai", "noimageai"))
+    assert s.consent_tdmrep and s.consent_content_usage and s.consent_x_robots_tag
 
 
 @pytest.mark.parametrize("raw, parsed", [("lists", "lists"), ("ALL", "all"), ("none", "none")])
 def test_discovery_sources_is_one_of_three(raw: str, parsed: str) -> None:
     assert Settings.from_env({"DISCOVERY_SOURCES": raw, "DISCOVERY_MAX_RATE": "40"}).discovery_sources == parsed
+
+
+def test_consent_lists_are_parsed() -> None:
+    s = Settings.from_env({"ROBOTS_EXTRA_TOKENS": " CCBot, img2dataset,CCBot", "CONSENT_TDMREP": "false",
+                           "CONTENT_USAGE_CATEGORIES": "train-ai,Search", "X_ROBOTS_TAG_OPT_OUT": "NoAI, noindex"})
+    assert s.robots_extra_tokens == ("CCBot", "img2dataset") and not s.consent_tdmrep
+    assert (s.content_usage_categories, s.x_robots_tag_opt_out) == (("train-ai", "search"), ("noai", "noindex"))
 
 
 @pytest.mark.parametrize("name,value", [
@@ -30,6 +40,8 @@ def test_discovery_sources_is_one_of_three(raw: str, parsed: str) -> None:
     ("S3_ENDPOINT_URL", "s3.local"), ("CRAWL_ALLOW_PRIVATE_NETWORKS", "maybe"), ("CRAWL_USER_AGENT", "x"),
     ("ROBOTS_CACHE_BYTES", "1000"), ("ROBOTS_UNAVAILABLE_GIVE_UP", "-1"),
     ("DISCOVERY_MAX_RATE", "0"), ("DISCOVERY_MAX_RATE", "fast"), ("DISCOVERY_SOURCES", "catalog"),
+    ("ROBOTS_EXTRA_TOKENS", "CC Bot"), ("ROBOTS_EXTRA_TOKENS", "bot/1.0"), ("CONSENT_TDMREP", "sometimes"),
+    ("CONTENT_USAGE_CATEGORIES", "train ai"), ("X_ROBOTS_TAG_OPT_OUT", "no:ai"),
 ])
 def test_bad_values_name_the_setting(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):

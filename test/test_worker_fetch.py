@@ -17,6 +17,7 @@ from common.contracts import sent_log_key, source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetch import FetchError, Fetcher
 from worker.http_client import HttpClient
+from worker.politeness.consent import ResponseConsent
 from worker.politeness.addresses import GuardedResolver
 from common.contracts import allowed_per_second
 from demo.simweb import busiest_second
@@ -73,6 +74,8 @@ def site() -> web.Application:
     app.router.add_get("/cut", cut)
     app.router.add_get("/evil-redirect", respond(status=302, headers={"Location": "ftp://x/y"}))
     app.router.add_get("/missing", respond(status=404, text="gone"))
+    app.router.add_get("/noai", respond(body=b"x" * 40_000, headers={"X-Robots-Tag": "noai"}))
+    app.router.add_get("/reserved", respond(body=b"x" * 40_000, headers={"tdm-reservation": "1"}))
     return app
 
 
@@ -160,6 +163,20 @@ async def test_error_statuses_are_returned_without_reading_the_body(server, http
     await redis.set(tokens_key(SOURCE), 10)
     fetched = await make_fetcher(http, redis).fetch(str(server.make_url("/missing")), SOURCE)
     assert (fetched.status, fetched.body.bytes()) == (404, b"")
+
+
+@pytest.mark.parametrize("path, signal", [("/noai", "x-robots-tag"), ("/reserved", "tdmrep-header")])
+async def test_a_head_that_opts_out_ends_the_fetch_before_the_body(server, http, path, signal) -> None:
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    fetcher = Fetcher(http, AllowAllGate(), TokenBuckets(redis), 50_000,
+                      consent=ResponseConsent(tokens=("cc-image-crawler",)))
+    with pytest.raises(FetchError) as info:
+        await fetcher.fetch(str(server.make_url(path)), SOURCE)
+    assert (info.value.status, info.value.http_status, info.value.decision.signal) == ("OptedOut", 200, signal)
+    assert fetcher.body_bytes_held() == 0 and http.idle(str(server.make_url(path))) is None  # closed, not drained
+    fetched = await fetcher.fetch(str(server.make_url("/image")), SOURCE)  # the next URL is fetched as ever
+    assert fetched.body.bytes() == BODY
 
 
 async def test_gate_refusal_spends_no_token(server, http) -> None:

@@ -13,6 +13,7 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_OUTCOME_UNWRITABLE
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
+                              OPTED_OUT, OPTED_OUT_TOPIC, OUTCOME_TOPICS, opted_out_key,
                               resized_key, status_window_key, urls_ended_key)
 from common.kafka import MessageRefused
 from common.response_times import OVERLOAD_FIELD, bin_of
@@ -22,6 +23,7 @@ from test.worker_fakes import (FakeProducer, FakeRedis, FakeThumbnails, exif_jpe
 from worker import task as task_module
 from worker.fetch import Fetched, FetchError
 from worker.imaging import analyze
+from worker.politeness.consent import Decision
 from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
 from worker.stats import Stats
 from worker.metrics import OUTCOME_KINDS, REGISTRY
@@ -77,8 +79,7 @@ class Run:
         return self
 
     def outcomes(self) -> dict[str, list[dict]]:
-        return {t: self.producer.on(t) for t in (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, INBOUND_TOPIC)
-                if self.producer.on(t)}
+        return {t: self.producer.on(t) for t in (*OUTCOME_TOPICS, INBOUND_TOPIC) if self.producer.on(t)}
 
     def last_statuses(self) -> list[str]:
         return self.redis.store.get(last_50_key(SOURCE), [])
@@ -158,7 +159,6 @@ async def test_exhausted_retries_end_in_crawl_errors() -> None:
     (ok(png_bomb()), "DecompressionBomb", 200),
     (FetchError("TooLarge", 200), "TooLarge", 200),
     (FetchError("TooManyRedirects", 302), "TooManyRedirects", 302),
-    (FetchError("RobotsDisallowed"), "RobotsDisallowed", None),
 ])
 async def test_other_ends_go_to_crawl_errors_and_the_windows(result, reason, status) -> None:
     run = await Run(result)()
@@ -168,6 +168,28 @@ async def test_other_ends_go_to_crawl_errors_and_the_windows(result, reason, sta
     name = reason.removeprefix("HTTP ")
     assert run.last_statuses() == [name]
     assert run.redis.integer(errors_key(SOURCE, name)) == 1 and "uuid-1" not in run.thumbnails.stored
+
+
+@pytest.mark.parametrize("result, status, signal, value, http_status", [
+    (FetchError("RobotsDisallowed", decision=Decision("robots-txt", "User-agent: *: /a.jpg disallowed")),
+     "RobotsDisallowed", "robots-txt", "User-agent: *: /a.jpg disallowed", None),
+    (FetchError("RobotsDisallowed"), "RobotsDisallowed", "robots-txt", "RobotsDisallowed", None),
+    (FetchError("OptedOut", decision=Decision("tdmrep-file", "/photos/* reserved")),
+     "OptedOut", "tdmrep-file", "/photos/* reserved", None),
+    (FetchError("OptedOut", 200, decision=Decision("x-robots-tag", "noai")), "OptedOut", "x-robots-tag", "noai", 200),
+])
+async def test_opt_outs_end_in_opted_out_with_the_signal_counted_not_as_errors(
+        result, status, signal, value, http_status) -> None:
+    run = await Run(result)()
+    assert set(run.outcomes()) == {OPTED_OUT_TOPIC}
+    (message,) = run.producer.on(OPTED_OUT_TOPIC)
+    assert {k: message[k] for k in ("identifier", "url", "source", "signal", "value", "status")} == {
+        "identifier": "uuid-1", "url": "http://example.org/a.jpg", "source": SOURCE, "signal": signal,
+        "value": value, "status": http_status}
+    assert run.redis.store[opted_out_key(SOURCE)] == {signal: 1} and run.redis.store[OPTED_OUT] == {signal: 1}
+    assert run.redis.integer(RESIZE_ERRORS) == 0 and run.redis.integer(errors_key(SOURCE, status)) == 0
+    assert run.last_statuses() == [status] and run.redis.integer(urls_ended_key(SOURCE)) == 1
+    assert "uuid-1" not in run.thumbnails.stored
 
 
 async def test_forbidden_address_is_counted_but_kept_out_of_the_breaker_windows() -> None:
@@ -187,7 +209,7 @@ def worker_outcomes() -> dict[str, float]:
 
 @pytest.mark.parametrize("result, attempts, kind", [
     (ok(image_bytes("JPEG")), 0, "success"), (ok(b"", 410), 0, "link_rot"), (ok(b"", 503), 0, "retry"),
-    (ok(b"", 503), 1, "crawl_error"), (FetchError("RobotsDisallowed"), 0, "crawl_error"),
+    (ok(b"", 503), 1, "crawl_error"), (FetchError("RobotsDisallowed"), 0, "opted_out"),
     (FetchError("RobotsUnavailable", retry_at=4102444800.0), 0, "robots_wait"),
 ])
 async def test_each_outcome_counts_once_by_its_kind_in_the_workers_metrics(result, attempts, kind) -> None:

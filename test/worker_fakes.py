@@ -93,6 +93,11 @@ class FakeRedis:
         if str(args[11]) == "1":
             pipe.incr(keys[4])
         counters = keys[5 + windows:]
+        if str(args[10]) == "2":  # opted out: counted per signal
+            for key in counters[:2]:
+                pipe.hincrby(key, args[14 + 2 * windows], 1)
+            await pipe.execute()
+            return []
         for key in counters[:2 if str(args[10]) == "1" else 3]:
             pipe.incr(key)
         if str(args[10]) != "1":

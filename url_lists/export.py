@@ -1,10 +1,11 @@
 """``python -m url_lists.export OUT_DIR``: the crawl's results as files, one row per URL.
 
 Reads the output topics (``image_metadata_updates``, ``link_rot``,
-``crawl_errors``) into Parquet shards (``--output-format jsonl`` for JSON lines),
+``crawl_errors``, ``opted_out``) into Parquet shards (``--output-format jsonl`` for JSON lines),
 ``part-00000.parquet``, ``part-00001.parquet``..., each row a URL's identifier,
 outcome, the error's reason and status, width, height, JPEG quality, file size,
-EXIF (as JSON), X-Robots-Tag and the thumbnail's S3 key (``url_lists.results``).
+EXIF (as JSON), X-Robots-Tag, the thumbnail's S3 key, and an opt-out's signal and value
+(``url_lists.results``).
 Without ``--follow`` it reads what is there when it starts and stops; with it,
 it keeps reading, writing a shard every ``--shard-rows`` rows or
 ``--shard-seconds`` seconds. Run it again, or after a crash, and it resumes:
@@ -38,7 +39,7 @@ from common.settings import load_settings
 from url_lists.progress import save_json_atomically
 from url_lists.results import SCHEMA, Joiner
 
-TOPICS = (contracts.METADATA_TOPIC, contracts.LINK_ROT_TOPIC, contracts.CRAWL_ERRORS_TOPIC)
+TOPICS = contracts.OUTCOME_TOPICS
 STATE_FILE = "_export_state.json"
 FORMATS = ("parquet", "jsonl")
 EXPORT_GROUP = "image_crawler_export"  # never joined nor committed to: partitions are assigned

@@ -16,13 +16,14 @@ import pyarrow as pa
 from common import contracts
 from common.robots_tag import forbids_thumbnail
 
-SUCCESS, LINK_ROT, ERROR = "success", contracts.LINK_ROT_TOPIC, "error"  # link rot is named after its topic
+# Link rot and opt-outs are named after their topics.
+SUCCESS, LINK_ROT, ERROR, OPTED_OUT = "success", contracts.LINK_ROT_TOPIC, "error", contracts.OPTED_OUT_TOPIC
 SCHEMA = pa.schema([
     ("identifier", pa.string()),
-    ("outcome", pa.string()),               # success, link_rot or error
+    ("outcome", pa.string()),               # success, link_rot, error or opted_out
     ("reason", pa.string()),                # an error's reason (crawl_errors)
-    ("status", pa.int32()),                 # an error's HTTP status, if it had one
-    ("url", pa.string()),                   # known for errors only (crawl_errors carries it)
+    ("status", pa.int32()),                 # an error's HTTP status, if it had one; an opt-out's, if requested
+    ("url", pa.string()),                   # known for errors and opt-outs only (their messages carry it)
     ("width", pa.int32()),
     ("height", pa.int32()),
     ("compression_quality", pa.int32()),    # JPEG quality 1-100; null for other formats
@@ -30,6 +31,8 @@ SCHEMA = pa.schema([
     ("exif", pa.string()),                  # the EXIF message's object as JSON; null without EXIF
     ("x_robots_tag", pa.list_(pa.string())),
     ("thumbnail_key", pa.string()),         # the thumbnail's S3 key; null where none was stored
+    ("signal", pa.string()),                # an opt-out's signal (robots-txt, tdmrep-file, x-robots-tag, ...)
+    ("signal_value", pa.string()),          # and the value that decided it ("/photos/* reserved")
 ])
 # An EXIF message waits this many later messages of its partition for its quality message
 # (the worker sends that right after the EXIF one is acknowledged); past it, it is dropped.
@@ -72,6 +75,10 @@ class Joiner:
         if topic == contracts.CRAWL_ERRORS_TOPIC:
             return {"identifier": identifier, "outcome": ERROR, "reason": _text(message.get("reason")),
                     "status": _int(message.get("status")), "url": _text(message.get("url"))}
+        if topic == contracts.OPTED_OUT_TOPIC:
+            return {"identifier": identifier, "outcome": OPTED_OUT, "status": _int(message.get("status")),
+                    "url": _text(message.get("url")), "signal": _text(message.get("signal")),
+                    "signal_value": _text(message.get("value"))}
         return None
 
     def _success(self, identifier: str, message: dict[str, Any], partition: int) -> dict[str, Any]:

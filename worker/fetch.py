@@ -35,6 +35,7 @@ from worker import metrics
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
 from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient, Ready
 from worker.politeness import Refused, RequestGate
+from worker.politeness.consent import Decision, ResponseConsent
 from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
 
@@ -55,19 +56,22 @@ class Fetched:
 
 class FetchError(Exception):
     def __init__(self, status: str, http_status: int | None = None, token_wait: float = 0.0,
-                 retry_at: float | None = None):
+                 retry_at: float | None = None, decision: Decision | None = None):
         super().__init__(status)
         self.status = status              # the Redis status name, also the crawl_errors reason
         self.http_status = http_status    # crawl_errors "status"
         self.token_wait = token_wait
         self.retry_at = retry_at          # a refusal for now only (RobotsUnavailable): ask again then
+        self.decision = decision          # the site opted out: the signal and value (opted_out)
 
 
 class Fetcher:
     def __init__(self, client: HttpClient, gate: RequestGate, tokens: TokenBuckets, max_bytes: int,
-                 total_timeout: float = TOTAL_TIMEOUT, body_budget: int | None = None):
+                 total_timeout: float = TOTAL_TIMEOUT, body_budget: int | None = None,
+                 consent: ResponseConsent | None = None):
         """``body_budget``: bytes the bodies in hand (being received or waiting for the image
-        pool) may hold before a new download waits; None: no budget."""
+        pool) may hold before a new download waits; None: no budget. ``consent``: the judge of a
+        2xx response's head; an opt-out there ends the fetch before the body is read."""
         self._client = client
         self._gate = gate
         self._tokens = tokens
@@ -75,6 +79,7 @@ class Fetcher:
         self._segments = SegmentPool(max_bytes + 1)  # one byte more shows a body over the cap
         self._total_timeout = total_timeout
         self._body_budget = body_budget
+        self._consent = consent
 
     async def fetch(self, url: str, source: str) -> Fetched:
         waited = 0.0
@@ -160,6 +165,11 @@ class Fetcher:
             body = Body()
             try:
                 if 200 <= response.status < 300:
+                    decision = self._consent.refusal(response.headers) if self._consent else None
+                    if decision is not None:
+                        # Not a byte of the body is read: the unread response closes the connection
+                        # (worker.http_client), which costs the site less than sending it all.
+                        raise FetchError(Status.OPTED_OUT, response.status, decision=decision)
                     body = await response.read_body(self._segments, self._max_bytes)
                     metrics.downloaded(time.monotonic() - started, body.size)
             except BodyTooLarge:
@@ -211,7 +221,7 @@ def _as_sent(location: str) -> str:
 def _classify(exc: Exception, waited: float) -> FetchError:
     name: str
     if isinstance(exc, Refused):  # the gate's, or the SSRF guard's at connect time
-        return FetchError(exc.reason, token_wait=waited, retry_at=exc.retry_at)
+        return FetchError(exc.reason, token_wait=waited, retry_at=exc.retry_at, decision=exc.decision)
     if isinstance(exc, TimeoutError):  # connect, silence or total
         name = Status.TIMEOUT
     elif isinstance(exc, ssl.SSLError):

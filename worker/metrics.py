@@ -25,7 +25,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Pro
                                start_http_server)
 from redis.exceptions import RedisError
 
-from common.contracts import EVENT_WORKER_METRICS_STARTED, HALTED_URLS_TOPIC, LINK_ROT_TOPIC
+from common.contracts import EVENT_WORKER_METRICS_STARTED, HALTED_URLS_TOPIC, LINK_ROT_TOPIC, OPTED_OUT_TOPIC, SIGNALS
 from common.jsonlog import log_event
 from worker.constants import DOWNLOAD_BUCKETS, FIRST_BYTE_BUCKETS, METRICS_SAMPLE_SECONDS
 
@@ -38,8 +38,8 @@ ProcessCollector(registry=REGISTRY)
 
 # Label values, each series created at 0 so that rate() and absent() work from the start.
 # Link rot is named as its topic is.
-OUTCOME_KINDS = ("success", LINK_ROT_TOPIC, "crawl_error", "retry", "robots_wait", "rejected")
-SUCCESS, LINK_ROT, CRAWL_ERROR, RETRY, ROBOTS_WAIT, REJECTED = OUTCOME_KINDS
+OUTCOME_KINDS = ("success", LINK_ROT_TOPIC, "crawl_error", "retry", "robots_wait", "rejected", OPTED_OUT_TOPIC)
+SUCCESS, LINK_ROT, CRAWL_ERROR, RETRY, ROBOTS_WAIT, REJECTED, OPTED_OUT = OUTCOME_KINDS
 SLOT_CLASSES = ("reserved", "shared")  # worker.allocation: slots reserved by need, and the shared floor
 RESERVED, SHARED = SLOT_CLASSES
 INFRA_SERVICES = ("redis", "kafka", "s3", "memory")
@@ -58,7 +58,11 @@ DOWNLOADED_BYTES = Counter("crawler_worker_downloaded_bytes", "Bytes of image bo
                            registry=REGISTRY)
 OUTCOMES = Counter("crawler_worker_outcomes", "URLs ended or handed on: success, link_rot, crawl_error (terminal); "
                    "retry (sent back to inbound_images), robots_wait (waiting for robots.txt), rejected "
-                   "(an unreadable message).", ["kind"], registry=REGISTRY)
+                   "(an unreadable message), opted_out (terminal: the site's consent signals said no).",
+                   ["kind"], registry=REGISTRY)
+OPTED_OUT_SIGNALS = Counter("crawler_worker_opted_out", "URLs ended in opted_out, by the signal that decided "
+                            "(SPEC.md §1: robots-txt, tdmrep-file, x-robots-tag, ...).", ["signal"],
+                            registry=REGISTRY)
 IMAGE_PROCESSES = Gauge("crawler_worker_image_pool_processes", "Processes in the image pool.", registry=REGISTRY)
 IMAGE_PROCESSES_BUSY = Gauge("crawler_worker_image_pool_busy_processes", "Image processes with an image in hand "
                              "now.", registry=REGISTRY)
@@ -97,11 +101,18 @@ for _service in INFRA_SERVICES:
     INFRA_RETRIES.labels(_service)
 for _place in PARK_PLACES:
     PARKED.labels(_place)
+for _signal in SIGNALS:
+    OPTED_OUT_SIGNALS.labels(_signal)
 
 
 # --- hooks --------------------------------------------------------------------
 def outcome(kind: str) -> None:
     OUTCOMES.labels(kind).inc()
+
+
+def opted_out(signal: str) -> None:
+    OUTCOMES.labels(OPTED_OUT).inc()
+    OPTED_OUT_SIGNALS.labels(signal).inc()
 
 
 def parked(to: str) -> None:

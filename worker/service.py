@@ -26,7 +26,7 @@ from worker.fetch import Fetcher
 from worker import metrics
 from worker.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver, build_connector
-from worker.politeness.gate import build_gate
+from worker.politeness.gate import build_gate, response_consent
 from worker.pool import ImagePool
 from worker.halted_line import HaltedLine
 from worker.wait_line import WaitLine
@@ -63,7 +63,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
             rates: dict[str, float] = {}
             tokens = TokenBuckets(redis, rate_of=rates.get)
             fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes,
-                              body_budget=settings.body_budget_bytes)
+                              body_budget=settings.body_budget_bytes, consent=response_consent(settings))
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
             scheduler = Scheduler(feed, redis, task.process, producer, tokens, rates,
                                   settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)

@@ -43,7 +43,7 @@ from common.contracts import EVENT_STATS_REJECTED
 from common.contracts import (LAST_50_LENGTH, MINUTE_WINDOW_SECONDS, NUM_RESIZED, RESIZE_ERRORS,
                               SOURCE_STATE_TTL_SECONDS, STATUS_COUNT_WINDOWS, error_statuses_key, errors_key,
                               last_50_key, one_minute_window_key, resized_key, status_count_field, status_window_key)
-from common.contracts import ACTIVE_SOURCES, response_times_key, urls_ended_key
+from common.contracts import ACTIVE_SOURCES, OPTED_OUT, opted_out_key, response_times_key, urls_ended_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_TTL_SECONDS, bin_of, bucket_start
@@ -53,11 +53,12 @@ from worker.constants import STATS_FORGET_SECONDS, STATS_TRIM_INTERVAL
 
 # KEYS: active_sources, the minute window, the last 50, the response bucket, urls_ended, the
 # count windows (ARGV[10] of them), then the counters: num_resized and resized:{source} for a
-# success; resize_errors, errors:{source}, errors:{source}:{status} and error_statuses:{source} else.
+# success; opted_out and opted_out:{source} for an opt-out (their field the signal, the ARGV after
+# the windows'); resize_errors, errors:{source}, errors:{source}:{status} and error_statuses:{source} else.
 # ARGV: 1 now, 2 source, 3 windows (1/0), 4 status, 5 the minute window's member ('': not in it), 6 trim the
 # minute window up to this score ('' : not now), 7 the last-50 length, 8 the response bins
 # (space-separated, may be none), 9 the response bucket's expiry (0: already set), 10 count
-# windows, 11 success (1/0), 12 terminal (1/0), 13 the minute window's expiry (at a trim),
+# windows, 11 success (1/0; 2: opted out), 12 terminal (1/0), 13 the minute window's expiry (at a trim),
 # 14 the last 50's (at a trim, or when it is new), then per count window its field and expiry
 # (0: not now).
 # Returns the errors of the commands that failed.
@@ -95,7 +96,10 @@ if ARGV[3] == '1' then
 end
 if ARGV[12] == '1' then call('INCR', KEYS[5]) end
 local counters = 6 + windows
-if ARGV[11] == '1' then
+if ARGV[11] == '2' then
+  call('HINCRBY', KEYS[counters], ARGV[15 + 2 * windows], 1)
+  call('HINCRBY', KEYS[counters + 1], ARGV[15 + 2 * windows], 1)
+elseif ARGV[11] == '1' then
   call('INCR', KEYS[counters])
   call('INCR', KEYS[counters + 1])
 else
@@ -127,11 +131,13 @@ class Stats:
         self._expiring = {s: start for s, start in self._expiring.items() if start > now - STATS_FORGET_SECONDS}
 
     async def record(self, source: str, status: str, success: bool, windows: bool = True,
-                     ttfb: float | None = None, *, terminal: bool, retried: bool = False) -> None:
+                     ttfb: float | None = None, *, terminal: bool, retried: bool = False,
+                     opted_out: str | None = None) -> None:
         """Count an outcome; ``windows=False`` keeps it out of the breakers' windows (no request was made).
         ``ttfb``: the response's time to first byte in seconds; None when no response came.
         ``terminal``: the URL's end (success, link rot, crawl error), not a retry: it leaves the backlog.
-        ``retried``: an attempt after a failed one, whose error the minute window already holds."""
+        ``retried``: an attempt after a failed one, whose error the minute window already holds.
+        ``opted_out``: the signal of an opt-out, counted in ``opted_out[:{source}]``, not as an error."""
         now = time.time()
         self._forget_quiet(now)
         bucket = bucket_start(now)
@@ -153,13 +159,16 @@ class Stats:
                             seconds if trim else 0]  # a source that goes quiet leaves nothing behind
         if success:
             keys += [NUM_RESIZED, resized_key(source)]
+        elif opted_out is not None:
+            keys += [OPTED_OUT, opted_out_key(source)]
+            window_args.append(opted_out)
         else:
             keys += [RESIZE_ERRORS, errors_key(source), errors_key(source, status), error_statuses_key(source)]
         counted_before = retried and not is_expected(status)
         member = "" if counted_before else f"{status}:{os.urandom(6).hex()}"
         args = [repr(now), source, int(windows), status, member,
                 repr(now - MINUTE_WINDOW_SECONDS) if trim else "", LAST_50_LENGTH, " ".join(bins),
-                response_expiry, len(STATUS_COUNT_WINDOWS), int(success), int(terminal),
+                response_expiry, len(STATUS_COUNT_WINDOWS), 2 if opted_out is not None else int(success), int(terminal),
                 # Renewed at trims only: each member outlives its minute until the next one.
                 MINUTE_WINDOW_SECONDS + math.ceil(STATS_TRIM_INTERVAL), SOURCE_STATE_TTL_SECONDS, *window_args]
         try:

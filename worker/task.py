@@ -32,13 +32,13 @@ from redis.exceptions import RedisError
 
 from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_OUTCOME_UNWRITABLE
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
-                              CrawlRequest, crawl_error_message, exif_message, link_rot_message,
-                              quality_message)
+                              OPTED_OUT_TOPIC, SIGNAL_ROBOTS, CrawlRequest, crawl_error_message, exif_message,
+                              link_rot_message, opted_out_message, quality_message)
 from common.jsonlog import log_event
 from common.kafka import MessageRefused
 from common.redis_client import refuses_the_value
 from common.settings import Settings
-from common.statuses import Status, in_windows, is_retryable
+from common.statuses import OPT_OUTS, RULES_UNAVAILABLE, Status, in_windows, is_retryable
 from common.protocols import MessageProducer
 from worker import metrics
 from worker.constants import INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES
@@ -46,6 +46,7 @@ from worker.fetch import Fetched, FetchError, Fetcher
 from worker.imaging import Analysis
 from worker.thumbnails import ThumbnailRefused, ThumbnailStore
 from worker.shared_memory import Body, SegmentUnavailable
+from worker.politeness.consent import Decision
 from worker.politeness.robots import product_token
 from common.robots_tag import applicable_directives, forbids_thumbnail
 from worker.waiting import wait_message
@@ -165,8 +166,11 @@ class ImageTask:
             await self._fetched(request, fetched)
         except FetchError as exc:
             token_wait = exc.token_wait
-            if exc.status == Status.ROBOTS_UNAVAILABLE and exc.retry_at is not None:
-                await self._wait_for_robots(request, exc.retry_at)
+            if exc.status in RULES_UNAVAILABLE and exc.retry_at is not None:
+                await self._wait_for_robots(request, exc.retry_at, exc.status)
+            elif exc.decision is not None or exc.status in OPT_OUTS:
+                decision = exc.decision or Decision(SIGNAL_ROBOTS, exc.status)
+                await self._opted_out(request, exc.status, decision, exc.http_status)
             elif is_retryable(exc.status):
                 await self._retry_or_fail(request, exc.status, exc.http_status)
             else:
@@ -226,14 +230,24 @@ class ImageTask:
         await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb, terminal=True)
         metrics.outcome(metrics.SUCCESS)
 
-    async def _wait_for_robots(self, request: CrawlRequest, retry_at: float) -> None:
-        """Send the URL to wait for its robots.txt, or end it once it has waited too long."""
+    async def _opted_out(self, request: CrawlRequest, status: str, decision: Decision,
+                         http_status: int | None) -> None:
+        """End the URL its site opted out of: no body was read, nothing of the image is kept."""
+        await self._outcome(OPTED_OUT_TOPIC, request,
+                            opted_out_message(request, decision.signal, decision.value, http_status))
+        await self._record(request.source, status, success=False, windows=in_windows(status), terminal=True,
+                           opted_out=decision.signal)
+        metrics.opted_out(decision.signal)
+
+    async def _wait_for_robots(self, request: CrawlRequest, retry_at: float,
+                               status: str = Status.ROBOTS_UNAVAILABLE) -> None:
+        """Send the URL to wait for its rules file (robots.txt, tdmrep.json), or end it once it has
+        waited too long (``robots_wait_since`` is when one of them first was unavailable)."""
         now = time.time()
         since = now if request.robots_wait_since is None else request.robots_wait_since
         give_up_at = since + self._robots_give_up
         if now >= give_up_at:
-            await self._fail(request, Status.ROBOTS_UNAVAILABLE, None,
-                             windows=in_windows(Status.ROBOTS_UNAVAILABLE))
+            await self._fail(request, status, None, windows=in_windows(status))
             return
         topic, value = wait_message(replace(request, robots_wait_since=since), min(retry_at, give_up_at), now)
         await self._send(topic, value)
@@ -266,11 +280,14 @@ class ImageTask:
         await self._send(topic, value, request.uuid)
 
     async def _record(self, source: str, status: str, success: bool, windows: bool = True,
-                      ttfb: float | None = None, *, terminal: bool, retried: bool = False) -> None:
+                      ttfb: float | None = None, *, terminal: bool, retried: bool = False,
+                      opted_out: str | None = None) -> None:
         """``terminal``: the URL's one outcome (it leaves its source's backlog); False for a retry.
-        ``retried``: a failure after a failed attempt (the breaker counts one error a URL)."""
+        ``retried``: a failure after a failed attempt (the breaker counts one error a URL).
+        ``opted_out``: the signal that ended it (counted per signal, not as an error)."""
         await persist("redis_stats", lambda: self._stats.record(source, status, success, windows, ttfb,
-                                                                terminal=terminal, retried=retried))
+                                                                terminal=terminal, retried=retried,
+                                                                opted_out=opted_out))
 
 
 def _header_values(headers: Mapping[str, str], name: str) -> list[Any]:

@@ -6,7 +6,7 @@ const POLL_MS = 5000;
 const HOUR = 3600;
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = { requests: "#1565c0", success: "#2e7d32", errors: "#c62828", limit: "#9ca3af" };
-const EXPECTED = /^(200|3\d\d|404|410|UnidentifiedImageError|RobotsDisallowed)$/;
+const EXPECTED = /^(200|3\d\d|404|410|UnidentifiedImageError|RobotsDisallowed|OptedOut|robots-[a-z-]+|tdmrep-[a-z]+|x-robots-tag|content-usage-header)$/
 
 let history = [];
 let lastSample = 0;
@@ -94,6 +94,7 @@ function renderGeneral(update, sources) {
     ["Errors/s", fmt(g.error_rps, 2), g.error_rps > 0], ["Processing/s", fmt(g.processing_rate, 2)],
     ["Resized", fmt(g.num_resized, 0)], ["Errors", fmt(g.resize_errors, 0)],
     ["Split/s", fmt(g.split_rate, 1)], ["Halted", !sources ? "–" : halted.length ? halted.join(", ") : "none", halted.length],
+    ["Opted out", fmt(Object.values(g.opted_out || {}).reduce((a, b) => a + b, 0), 0)],
   ];
   document.getElementById("general").replaceChildren(...cards.map(([label, value, bad]) =>
     el("div", { class: bad ? "card bad" : "card" }, el("div", { class: "label" }, label),
@@ -147,6 +148,7 @@ function sourceRow(name, s, specific, now) {
     el("td", { class: "num" }, fmt(s.successes, 0)),
     el("td", { class: "num" }, fmt(s.backlog, 0)),
     errorCell,
+    el("td", { class: "opted-out" }, statusList(s.opted_out, "statuses")),
     el("td", {}, statusList(specific && specific.last_50_statuses, "statuses")),
     el("td", { class: "num" }, fmt(s.tokens, 0)),
     el("td", {}, spark));

@@ -17,7 +17,9 @@ from worker.politeness.addresses import AddressGuard, Resolve, system_resolve
 from worker.politeness.crawl_delay import CrawlDelay
 from worker.politeness.host_limits import HostLimiter
 from worker.politeness.retry_after import extend_pause, pause_seconds
+from worker.politeness.consent import ResponseConsent
 from worker.politeness.robots import RobotsCache, fetch_robots, origin_of, product_token
+from worker.politeness.tdmrep import TdmRepCache, fetch_tdmrep
 
 
 @dataclass
@@ -30,10 +32,14 @@ class PoliteGate:
     limiter: HostLimiter
     delay: CrawlDelay
     clock: Callable[[], float] = time.time
+    tdmrep: TdmRepCache | None = None  # None: CONSENT_TDMREP=false
 
     async def before_request(self, url: str, source: str) -> None:
         await self.guard.check(url)
-        await self.robots.check(url)
+        origin = origin_of(url)
+        await self.robots.check(url, origin)
+        if self.tdmrep is not None:
+            await self.tdmrep.check(url, origin)
 
     @asynccontextmanager
     async def host_slot(self, url: str) -> AsyncIterator[None]:
@@ -58,7 +64,23 @@ def build_gate(settings, redis, http_session, resolve: Resolve = system_resolve)
     the crawler's aiohttp session (its User-Agent is sent for robots.txt too);
     ``resolve`` is for tests that need a hostname to look public."""
     guard = AddressGuard(enabled=not settings.crawl_allow_private_networks, resolve=resolve)
-    robots = RobotsCache(redis, partial(fetch_robots, http_session, guard=guard),
-                         product_token(settings.crawl_user_agent), memory_bytes=settings.robots_cache_bytes)
+    token = product_token(settings.crawl_user_agent)
+    categories = settings.content_usage_categories if settings.consent_content_usage else ()
+    robots = RobotsCache(redis, partial(fetch_robots, http_session, guard=guard), token,
+                         memory_bytes=settings.robots_cache_bytes, extra_tokens=settings.robots_extra_tokens,
+                         categories=categories)
+    tdmrep = None
+    if settings.consent_tdmrep:
+        tdmrep = TdmRepCache(redis, partial(fetch_tdmrep, http_session, guard=guard), token,
+                             memory_bytes=settings.robots_cache_bytes)
     return PoliteGate(redis, guard, robots, HostLimiter(settings.crawl_per_host_connections),
-                      CrawlDelay(redis))
+                      CrawlDelay(redis), tdmrep=tdmrep)
+
+
+def response_consent(settings) -> ResponseConsent:
+    """The judge of a response's head (X-Robots-Tag, tdm-reservation, Content-Usage) for a worker."""
+    return ResponseConsent(
+        tokens=(product_token(settings.crawl_user_agent), *settings.robots_extra_tokens),
+        directives=frozenset(settings.x_robots_tag_opt_out), x_robots_tag=settings.consent_x_robots_tag,
+        tdmrep=settings.consent_tdmrep, content_usage=settings.consent_content_usage,
+        categories=settings.content_usage_categories)

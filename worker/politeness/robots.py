@@ -20,7 +20,7 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
@@ -29,15 +29,17 @@ from protego import Protego
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError
 
-from common.contracts import (EVENT_ROBOTS_FETCHED, robots_key,
-                              robots_lock_key)
+from common.contracts import (EVENT_ROBOTS_FETCHED, SIGNAL_ROBOTS, SIGNAL_ROBOTS_CONTENT_USAGE,
+                              SIGNAL_ROBOTS_EXTRA, robots_key, robots_lock_key)
 from common.hosts import url_origin
 from common.jsonlog import log_event
 from common.statuses import Status
 from common.protocols import AsyncRedis
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
-from worker.politeness.robots_group import GroupTooLarge, our_group
+from worker.politeness.consent import Decision, usage_refusal
+from worker.politeness.path_pattern import LongestMatch, url_path
+from worker.politeness.robots_group import CONTENT_USAGE_DIRECTIVE, GroupTooLarge, groups_for
 from worker.politeness.ttl_cache import TtlCache
 
 ROBOTS_TTL = 24 * 3600            # RFC 9309: cache no longer than 24 hours
@@ -99,6 +101,11 @@ class RobotsFile:
     status: int | None = None
     failures: int = 0     # UNAVAILABLE: fetches failed in a row
     retry_at: float = 0.0 # UNAVAILABLE: Unix time from which it is fetched again
+    # RULES: the group of each of ROBOTS_EXTRA_TOKENS (``body`` is ours), and every token the
+    # record was condensed for: a record kept for other tokens (or by an older version, which
+    # dropped Content-Usage lines) is fetched afresh.
+    groups: dict[str, str] = field(default_factory=dict)
+    tokens: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -109,25 +116,98 @@ class RobotsFile:
 
 
 class Rules:
-    """A RobotsFile read for one product token."""
+    """A RobotsFile read for our product token and the extra ones: the strictest group wins.
+    ``categories``: the AI-preference categories of our use (Content-Usage rules); () ignores them."""
 
-    def __init__(self, file: RobotsFile, token: str):
+    def __init__(self, file: RobotsFile, token: str, extra_tokens: tuple[str, ...] = (),
+                 categories: tuple[str, ...] = ()):
         self.verdict = file.verdict
         self.retry_at = file.retry_at
+        self.status = file.status
         self._token = token
         self._parser = Protego.parse(file.body) if file.verdict == RULES else None
+        self._extra: list[tuple[str, str, Protego]] = []  # (token, its group's user-agent, parser)
+        self._usage: list[LongestMatch] = []
+        bodies = [file.body]
+        if file.verdict == RULES:
+            for extra in extra_tokens:
+                body = file.groups.get(extra, "")
+                if body:
+                    self._extra.append((extra, _agent_of(body), Protego.parse(body)))
+                    bodies.append(body)
+            if categories:
+                for body in dict.fromkeys(bodies):
+                    usage = _usage_rules(body, categories)
+                    if usage:
+                        self._usage.append(usage)
         # What the parsed rules cost a worker, measured with tracemalloc (docs/decisions.md).
-        self.size = RULES_BASE_BYTES + RULES_BYTES_PER_CHAR * len(file.body)
+        self.size = RULES_BASE_BYTES + RULES_BYTES_PER_CHAR * sum(len(b) for b in bodies)
+        self._agent = _agent_of(file.body)
 
     def allowed(self, url: str) -> bool:
+        return self.refusal(url) is None
+
+    def refusal(self, url: str) -> Decision | None:
+        """Why ``url`` must not be requested, or None: our group, then each extra token's, then
+        the Content-Usage rules of them all (the most restrictive statement wins)."""
         if self._parser is None:
-            return self.verdict == ALLOW_ALL
-        return self._parser.can_fetch(url, self._token)
+            if self.verdict == ALLOW_ALL:
+                return None
+            return Decision(SIGNAL_ROBOTS, f"{self.verdict} (robots.txt status {self.status})")
+        if not self._parser.can_fetch(url, self._token):
+            return Decision(SIGNAL_ROBOTS, f"User-agent: {self._agent}: {url_path(url)[:200]} disallowed")
+        for token, agent, parser in self._extra:
+            if not parser.can_fetch(url, token):
+                return Decision(SIGNAL_ROBOTS_EXTRA, f"{token} (User-agent: {agent}): "
+                                                     f"{url_path(url)[:200]} disallowed")
+        if self._usage:
+            path = url_path(url)
+            for usage in self._usage:
+                rule = usage.best(path)
+                if rule is not None:
+                    return Decision(SIGNAL_ROBOTS_CONTENT_USAGE, rule)
+        return None
 
     @property
     def crawl_delay(self) -> float:
-        delay = self._parser.crawl_delay(self._token) if self._parser else None
-        return min(max(float(delay or 0), 0.0), MAX_CRAWL_DELAY)
+        delays = [self._parser.crawl_delay(self._token) if self._parser else None]
+        delays += [parser.crawl_delay(token) for token, _, parser in self._extra]
+        return min(max(max(float(d or 0) for d in delays), 0.0), MAX_CRAWL_DELAY)
+
+
+def _agent_of(group: str) -> str:
+    """The user-agent name a condensed group (``robots_group``) was chosen by."""
+    first = group.partition("\n")[0]
+    return first.partition(":")[2].strip() or "*"
+
+
+def _usage_rules(group: str, categories: tuple[str, ...]) -> LongestMatch | None:
+    """The group's Content-Usage rules that disallow one of ``categories``, by path: a rule that
+    allows still counts, as the longest match it is (a later ``/a/b train-ai=y`` under
+    ``/a train-ai=n`` allows ``/a/b``); a match with no refusal maps to None."""
+    rules: list[tuple[str, str]] = []
+    refusing = False
+    for line in group.splitlines()[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() != CONTENT_USAGE_DIRECTIVE:
+            continue
+        value = value.strip()
+        path, space, statement = value.partition(" ")
+        if not space or not path.startswith("/"):
+            path, statement = "", value  # no path: the rule covers every path
+        refused = usage_refusal(statement.strip(), categories)
+        refusing = refusing or refused is not None
+        rules.append((path, f"{path or '/'} {statement.strip()}" if refused else ""))
+    if not refusing:
+        return None
+    return _NonEmpty(rules)
+
+
+class _NonEmpty(LongestMatch):
+    """A LongestMatch whose empty values (rules that do not refuse) read as None."""
+
+    def best(self, path: str) -> str | None:
+        return super().best(path) or None
 
 
 async def _read_capped(response: aiohttp.ClientResponse) -> str:
@@ -177,26 +257,40 @@ async def _release(lock: Lock) -> None:
 
 
 class RobotsCache:
-    """Rules per origin: process memory, then Redis, then one fetch for the cluster."""
+    """Rules per origin: process memory, then Redis, then one fetch for the cluster.
+    ``extra_tokens`` (ROBOTS_EXTRA_TOKENS) bind us as our own token does; ``categories``: the
+    AI-preference categories whose Content-Usage refusal keeps us out (empty: not read)."""
+
+    key = staticmethod(robots_key)
+    lock_key = staticmethod(robots_lock_key)
+    event = EVENT_ROBOTS_FETCHED
+    unavailable_status = Status.ROBOTS_UNAVAILABLE
+    refused_status = Status.ROBOTS_DISALLOWED
 
     def __init__(self, redis: AsyncRedis, fetch: Callable[[str], Awaitable[RobotsFile]], token: str,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 backoff: Backoff = Backoff(), memory_bytes: int = MEMORY_BYTES):
+                 backoff: Backoff = Backoff(), memory_bytes: int = MEMORY_BYTES,
+                 extra_tokens: tuple[str, ...] = (), categories: tuple[str, ...] = ()):
         self._redis = redis
         self._fetch = fetch
         self._token = token
+        self._extra_tokens = tuple(t for t in dict.fromkeys(extra_tokens) if t.lower() != token.lower())
+        self._categories = categories
         self._clock = clock
         self._wall = wall  # Unix time: retry times are shared by the cluster
         self._backoff = backoff
         self._memory: TtlCache[str, Rules] = TtlCache(clock, max_bytes=memory_bytes)
         self._loading: dict[str, asyncio.Future[Rules]] = {}
 
-    async def check(self, url: str) -> None:
-        rules = await self.rules(origin_of(url))
+    async def check(self, url: str, origin: str | None = None) -> None:
+        """Refused if ``url`` (of ``origin``, if the caller has it) must not be requested."""
+        rules = await self.rules(origin_of(url) if origin is None else origin)
         if rules.verdict == UNAVAILABLE:
-            raise Refused(Status.ROBOTS_UNAVAILABLE, url, retry_at=rules.retry_at)
-        if not rules.allowed(url):
-            raise Refused(Status.ROBOTS_DISALLOWED, url)
+            raise Refused(self.unavailable_status, url, retry_at=rules.retry_at)
+        decision = rules.refusal(url)
+        if decision is not None:
+            status = Status.OPTED_OUT if decision.signal == SIGNAL_ROBOTS_CONTENT_USAGE else self.refused_status
+            raise Refused(status, url, decision=decision)
 
     async def rules(self, origin: str) -> Rules:
         rules = self._memory.get(origin)
@@ -209,17 +303,27 @@ class RobotsCache:
             loading.add_done_callback(lambda _: self._loading.pop(origin, None))
         return await asyncio.shield(loading)
 
+    def _compile(self, file: RobotsFile) -> Rules:
+        return Rules(file, self._token, self._extra_tokens, self._categories)
+
     async def _load(self, origin: str) -> Rules:
         file = await self._shared_file(origin)
-        rules = Rules(file, self._token)
+        rules = self._compile(file)
         ttl = MEMORY_SECONDS
         if file.verdict == UNAVAILABLE:  # remembered until it is due again, not past
             ttl = min(ttl, file.retry_at - self._wall())
         self._memory.put(origin, rules, ttl, rules.size)
         return rules
 
+    def _tokens(self) -> list[str]:
+        return [self._token, *self._extra_tokens]
+
     def _current(self, file: RobotsFile | None) -> bool:
-        return file is not None and not (file.verdict == UNAVAILABLE and file.retry_at <= self._wall())
+        if file is None:
+            return False
+        if file.verdict == UNAVAILABLE:
+            return file.retry_at > self._wall()
+        return file.verdict != RULES or file.tokens == self._tokens()
 
     async def _shared_file(self, origin: str) -> RobotsFile:
         deadline = self._clock() + WAIT_SECONDS
@@ -229,7 +333,7 @@ class RobotsCache:
                 return stored
             # Token-checked: released only if still ours, so a holder whose lock expired
             # never deletes the lock a second fetcher has taken since.
-            lock = Lock(self._redis, robots_lock_key(origin), timeout=LOCK_SECONDS,  # type: ignore[arg-type]
+            lock = Lock(self._redis, self.lock_key(origin), timeout=LOCK_SECONDS,  # type: ignore[arg-type]
                         blocking=False, thread_local=False)
             if await lock.acquire():
                 try:
@@ -246,7 +350,7 @@ class RobotsCache:
             await asyncio.sleep(POLL_SECONDS)
 
     async def _stored(self, origin: str) -> RobotsFile | None:
-        raw = await self._redis.get(robots_key(origin))
+        raw = await self._redis.get(self.key(origin))
         if raw is None:
             return None
         try:
@@ -254,25 +358,31 @@ class RobotsCache:
         except (ValueError, TypeError):  # another version's record: fetched afresh
             return None
 
+    def _condense(self, file: RobotsFile) -> RobotsFile:
+        """The record kept in Redis for a fetched RULES file: only the groups that bind us."""
+        try:
+            groups = groups_for(file.body, tuple(self._tokens()))
+        except GroupTooLarge:
+            # Rules for us alone longer than any real site's: hostile or broken, and
+            # cutting them could allow what they forbid. Nothing is crawled for a day.
+            return RobotsFile(DISALLOW_ALL, status=file.status)
+        return replace(file, body=groups[self._token], tokens=self._tokens(),
+                       groups={t: groups[t] for t in self._extra_tokens if groups[t]})
+
     async def _fetch_and_store(self, origin: str, previous: RobotsFile | None) -> RobotsFile:
         file = await self._fetch_within_deadline(origin)
         fetched_bytes = len(file.body)
         ttl = float(ROBOTS_TTL)
         if file.verdict == RULES:
-            try:
-                file = replace(file, body=our_group(file.body, self._token))
-            except GroupTooLarge:
-                # Rules for us alone longer than any real site's: hostile or broken, and
-                # cutting them could allow what they forbid. Nothing is crawled for a day.
-                file = RobotsFile(DISALLOW_ALL, status=file.status)
+            file = self._condense(file)
         elif file.verdict == UNAVAILABLE:
             failures = (previous.failures if previous and previous.verdict == UNAVAILABLE else 0) + 1
             wait = self._backoff.after(failures)
             file = replace(file, failures=failures, retry_at=self._wall() + wait)
             ttl = wait + self._backoff.most  # the count of failures outlives the wait
-        await self._redis.set(robots_key(origin), file.to_json(), ex=max(1, math.ceil(ttl)))
-        log_event(EVENT_ROBOTS_FETCHED, origin=origin, verdict=file.verdict, status=file.status,
-                  bytes=fetched_bytes, stored_bytes=len(file.body), failures=file.failures)
+        await self._redis.set(self.key(origin), file.to_json(), ex=max(1, math.ceil(ttl)))
+        log_event(self.event, origin=origin, verdict=file.verdict, status=file.status,
+                  bytes=fetched_bytes, stored_bytes=len(file.to_json()), failures=file.failures)
         return file
 
     async def _fetch_within_deadline(self, origin: str) -> RobotsFile:

@@ -27,9 +27,11 @@ from protego._ruleset import _RuleSet
 # Real files' groups are a few KiB; 64 KiB parsed costs ~1 MiB of a worker's memory.
 MAX_GROUP_BYTES = 64 * 1024
 
+CONTENT_USAGE_DIRECTIVE = "content-usage"  # draft-ietf-aipref-attach: a rule of a group, as Allow is
 _KEPT = {**{name: "Allow" for name in _ALLOW_DIRECTIVE},
          **{name: "Disallow" for name in _DISALLOW_DIRECTIVE},
-         **{name: "Crawl-delay" for name in _CRAWL_DELAY_DIRECTIVE}}
+         **{name: "Crawl-delay" for name in _CRAWL_DELAY_DIRECTIVE},
+         CONTENT_USAGE_DIRECTIVE: "Content-Usage"}
 
 
 class GroupTooLarge(ValueError):
@@ -95,12 +97,27 @@ def _best_agent(agents: list[str], token: str) -> str | None:
 def our_group(body: str, token: str) -> str:
     """The robots.txt of ``body``'s rules for ``token`` alone ("" when no group applies:
     everything allowed). Raises GroupTooLarge past MAX_GROUP_BYTES."""
+    return groups_for(body, (token,))[token]
+
+
+def groups_for(body: str, tokens: tuple[str, ...]) -> dict[str, str]:
+    """Per product token, the robots.txt of ``body``'s rules for it alone (``our_group``). Raises
+    GroupTooLarge if they are longer than MAX_GROUP_BYTES together (a group two tokens
+    share is counted once)."""
     groups = _groups(body)
-    agent = _best_agent(list(dict.fromkeys(a for g in groups for a in g.agents if a)), token)
-    if agent is None:
-        return ""
-    lines = [line for g in groups if agent in g.agents for line in g.lines]
-    text = f"User-agent: {agent}\n" + "".join(f"{line}\n" for line in lines)
-    if len(text.encode()) > MAX_GROUP_BYTES:
-        raise GroupTooLarge(f"our robots.txt group is {len(text.encode())} bytes")
-    return text
+    agents = list(dict.fromkeys(a for g in groups for a in g.agents if a))
+    found: dict[str, str] = {}
+    texts: dict[str, str] = {}  # by agent: tokens that select the same group share it
+    for token in tokens:
+        agent = _best_agent(agents, token)
+        if agent is None:
+            found[token] = ""
+            continue
+        if agent not in texts:
+            lines = [line for g in groups if agent in g.agents for line in g.lines]
+            texts[agent] = f"User-agent: {agent}\n" + "".join(f"{line}\n" for line in lines)
+        found[token] = texts[agent]
+    size = sum(len(text.encode()) for text in texts.values())
+    if size > MAX_GROUP_BYTES:
+        raise GroupTooLarge(f"the robots.txt groups for {', '.join(tokens)} are {size} bytes")
+    return found
