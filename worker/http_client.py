@@ -560,14 +560,16 @@ class HttpClient:
         self._keep(url_origin(url), ready.connection)
 
     @asynccontextmanager
-    async def get(self, url: str, ready: Ready | None = None) -> AsyncIterator[Response]:
+    async def get(self, url: str, ready: Ready | None = None, encoded: bool = False,
+                  origin: Origin | None = None) -> AsyncIterator[Response]:
         """A GET of ``url``, its head read. The caller reads the body (or not) inside the block;
         the connection is kept for another request only if the response was read to its end.
         With ``ready`` (from ``idle`` or ``connect``) the request bytes are written at once,
-        before any wait: the fetcher takes its token with the connection in hand."""
-        origin = url_origin(url)  # the host the guard judged; InvalidHost (a ValueError) if none
-        async with self._exchange(origin, (_request_head("GET", URL(url), self._user_agent, _GET_HEADERS),),
-                                  ready) as response:
+        before any wait: the fetcher takes its token with the connection in hand. ``encoded``:
+        ``url`` is sent exactly as given (a presigned URL, as signed), with ``origin`` if known."""
+        origin = origin or url_origin(url)  # the host the guard judged; InvalidHost (a ValueError) if none
+        head = _request_head("GET", URL(url, encoded=encoded), self._user_agent, _GET_HEADERS)
+        async with self._exchange(origin, (head,), ready) as response:
             yield response
 
     async def put(self, url: str, body: bytes, content_type: str, max_answer_bytes: int,

@@ -95,12 +95,16 @@ class PutSigner:
     """Presigned PUT URLs for keys of one bucket, exactly as the client would make them.
 
     Botocore's ``S3SigV4QueryAuth``, written out for the one request shape signed here
-    (a PUT with a ``Content-Type``, no query of its own): what varies per URL is the key,
-    the instant and the credentials, so the host, the canonical headers and, per day and
-    secret, the signing key are made once. Botocore's signer built an ``AWSRequest`` and
+    (a PUT with a ``Content-Type``, no query of its own; a subclass signs GETs with only the
+    host, ``url_lists.dataset.s3``): what varies per URL is the key, the instant and the
+    credentials, so the host, the canonical headers and, per day and secret, the signing key
+    are made once. Botocore's signer built an ``AWSRequest`` and
     parsed its URL back several times: ~10% of a worker's event loop in a crawl. A test
     holds the URLs equal to the client's own, byte for byte, with and without a token.
     """
+
+    METHOD = "PUT"
+    CONTENT_TYPE: str | None = CONTENT_TYPE  # a signed header; None: only the host is signed
 
     def __init__(self, template_url: str, credentials: Any, region: str):
         scheme, netloc, path, _query, _fragment = urlsplit(template_url)
@@ -110,7 +114,10 @@ class PutSigner:
         self.origin = url_origin(template_url)  # that of every URL signed here
         self._credentials = credentials
         self._region = region
-        self._headers = f"content-type:{CONTENT_TYPE}\nhost:{_host_from_url(template_url)}\n"
+        typed = "" if self.CONTENT_TYPE is None else f"content-type:{self.CONTENT_TYPE}\n"
+        self._headers = f"{typed}host:{_host_from_url(template_url)}\n"
+        self._signed = "host" if self.CONTENT_TYPE is None else _SIGNED_HEADERS
+        self._signed_query = f"&X-Amz-SignedHeaders={_encode(self._signed)}"  # a query value
         self._signing_key: tuple[str, str, bytes] = ("", "", b"")  # (day, secret, key)
 
     async def url(self, key: str) -> str:
@@ -124,8 +131,9 @@ class PutSigner:
                  f"&X-Amz-Date={timestamp}&X-Amz-Expires={S3_PRESIGN_SECONDS}")
         token = "" if frozen.token is None else f"&X-Amz-Security-Token={_encode(frozen.token)}"
         # The canonical query is sorted by name: the token comes before SignedHeaders.
-        signed = f"&X-Amz-SignedHeaders={_SIGNED_HEADERS_ENCODED}"
-        canonical = f"PUT\n{path}\n{query}{token}{signed}\n{self._headers}\n{_SIGNED_HEADERS}\n{UNSIGNED_PAYLOAD}"
+        signed = self._signed_query
+        canonical = (f"{self.METHOD}\n{path}\n{query}{token}{signed}\n{self._headers}\n{self._signed}\n"
+                     f"{UNSIGNED_PAYLOAD}")
         to_sign = f"AWS4-HMAC-SHA256\n{timestamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
         signature = hmac.new(self._key(timestamp[:8], frozen.secret_key), to_sign.encode(), hashlib.sha256).hexdigest()
         return urlunsplit((scheme, netloc, path, f"{query}{signed}{token}&X-Amz-Signature={signature}", ""))
@@ -140,7 +148,6 @@ class PutSigner:
 
 
 _SIGNED_HEADERS = "content-type;host"
-_SIGNED_HEADERS_ENCODED = "content-type%3Bhost"  # as a query value
 
 
 def _encode(value: str) -> str:
@@ -174,7 +181,7 @@ class S3Thumbnails:
         raise S3PutFailed(f"HTTP {status} {code}: {body[:300]}")
 
 
-async def put_signer(settings: Settings) -> PutSigner:
+async def put_signer(settings: Settings, kind: type[PutSigner] = PutSigner) -> PutSigner:
     """Ask the client once where the bucket's objects live; take credentials as it does
     (``s3_client_kwargs``: the settings' key pair if set, else the default chain)."""
     session = get_session()
@@ -192,7 +199,7 @@ async def put_signer(settings: Settings) -> PutSigner:
     if credentials is None:
         raise RuntimeError("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                            "or give the machine an instance role")
-    return PutSigner(template, credentials, region)
+    return kind(template, credentials, region)
 
 
 @asynccontextmanager
