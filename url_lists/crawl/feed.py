@@ -26,7 +26,8 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from common import contracts
 from common.kafka import produce_waiting
-from url_lists.dataset import inputs, keys
+from url_lists.dataset.inputs import input_shards, write_input_shard
+from url_lists.dataset.keys import row_identifier, sample_key, shard_of
 from url_lists.crawl.checks import Listing
 from url_lists.readers import read_batches
 from url_lists.rows import row_message
@@ -153,13 +154,13 @@ class Feed:
         self._collector = collector
         self._finished = finished
         self._stop = stop
-        self._written = set(inputs.input_shards(folder))
+        self._written = set(input_shards(folder))
         self.totals = FeedTotals()
 
     def run(self) -> FeedTotals:
         current: ShardRows | None = None
         for row, values, bad, source_file, source_row in self._records():
-            shard = keys.shard_of(row, self._per_shard)
+            shard = shard_of(row, self._per_shard)
             if current is None or current.shard != shard:
                 if current is not None:
                     self._finish(current)
@@ -194,7 +195,7 @@ class Feed:
         totals = self.totals
         totals.rows += 1
         if bad is None:
-            identifier = keys.row_identifier(self._run, row)
+            identifier = row_identifier(self._run, row)
             try:
                 message, site = row_message(url, identifier, None, True, False)
             except contracts.InvalidMessage as exc:
@@ -210,14 +211,14 @@ class Feed:
         if bad is not None:
             totals.bad += 1
         shard.end = row + 1
-        shard.add(row, keys.sample_key(row, self._per_shard), url, caption, tuple(additional), bad,
+        shard.add(row, sample_key(row, self._per_shard), url, caption, tuple(additional), bad,
                   source_file, source_row)
 
     def _finish(self, shard: ShardRows) -> None:
         if self._stop.is_set():
             raise Stopped()
         if shard.shard not in self._written:  # a resumed run's shard is already there, the same
-            inputs.write_input_shard(self._folder, shard.shard, shard.table())
+            write_input_shard(self._folder, shard.shard, shard.table())
             self._written.add(shard.shard)
         self._count_sites(shard.sites, shard.end)  # before the URLs: the monitor knows each site's rate
         self._inbound([(identifier.encode(), message) for _, message, identifier in shard.to_send])

@@ -25,7 +25,8 @@ from url_lists.crawl.checks import Listing
 from url_lists.crawl.feed import Feed, FeedTotals, Inbound, Stopped
 from url_lists.crawl.local import LocalCrawl, crawler_env
 from url_lists.crawl.options import CrawlOptions
-from url_lists.dataset import keys
+from url_lists.dataset.keys import new_run_id
+from url_lists.dataset.collector import STATE_FILE as COLLECTOR_STATE
 from url_lists.dataset.collector import Collector, DatasetOptions
 from url_lists.list_producer import SizeCounter
 
@@ -64,7 +65,7 @@ class Bar:
 
     def update(self) -> None:
         now = self._progress()
-        total, done = now.expected, now.outcomes
+        total, done = now.rows_expected, now.outcomes
         counts = {"ok": now.successes, "rot": now.link_rot, "err": now.errors}
         if self._first is None:
             self._first = done
@@ -89,17 +90,15 @@ class Bar:
             self._bar.close()
 
 
-def limits_line(totals: FeedTotals, seconds: float, outcomes: int) -> list[str]:
-    """The crawl's rate against what the sites' limits allowed, and the site that bounded it."""
+def slowest_site(totals: FeedTotals) -> list[str]:
+    """The site whose URLs take longest at its limit: what bounds the crawl's length."""
     if not totals.sites:
         return []
     limits = {site: rate_for_size(count) for site, count in totals.sites.items()}
     slowest = max(totals.sites, key=lambda site: totals.sites[site] / limits[site])
-    bound = totals.sites[slowest] / limits[slowest]
-    return [f"rate: {outcomes / max(seconds, 1e-9):.1f} outcomes/s over {seconds:.0f} s, against "
-            f"{sum(limits.values()):.0f} requests/s for the {len(limits)} sites' limits together",
-            f"slowest site: {slowest}, {totals.sites[slowest]} URLs at {limits[slowest]:g} request/s "
-            f"(at least {bound:.0f} s); a site's limit grows with its URLs in the list (5,000 or fewer: 1/s)"]
+    return [f"longest site: {slowest}, {totals.sites[slowest]:,} URLs at its limit of {limits[slowest]:g} "
+            f"request/s: {totals.sites[slowest] / limits[slowest]:,.0f} s at least (a site's limit grows with its "
+            "URLs in the list: 5,000 or fewer, 1 request/s)"]
 
 
 class CrawlRun:
@@ -119,7 +118,7 @@ class CrawlRun:
         self.feed: Feed | None = None
 
     def execute(self) -> int:
-        run = checks.start_run(self.options, self.listing.files, keys.new_run_id)
+        run = checks.start_run(self.options, self.listing.files, new_run_id)
         _log_to(self.state_dir / "logs" / "crawl.log")
         log_event("crawl_started", run=str(run.run), resumed=run.resumed, fleet=self.distributed,
                   files=[str(path) for path in self.listing.files])
@@ -135,6 +134,8 @@ class CrawlRun:
                 env = self.local.start_stack()
                 self._raise_if_stopped()
                 self.local.start_crawler()
+            if not self.distributed:  # a fresh broker: the collector's saved offsets are another's
+                (self.state_dir / COLLECTOR_STATE).unlink(missing_ok=True)
             settings = Settings.from_env(env)
             ensure_topics(settings.kafka_hosts, [contracts.INBOUND_TOPIC], INBOUND_PARTITIONS)
             collector = Collector(DatasetOptions(folder=self.folder, output_format=self.options.output_format,
@@ -213,10 +214,9 @@ class CrawlRun:
     def _summary(self, collector: Collector, seconds: float) -> None:
         for line in collector.summary_lines():
             print(line)
-        totals = self.totals or (self.feed.totals if self.feed else FeedTotals())
-        progress = collector.progress()
-        for line in limits_line(totals, seconds, progress.outcomes - totals.already):
+        for line in slowest_site(self.totals or (self.feed.totals if self.feed else FeedTotals())):
             print(line)
-        print(f"output: {self.folder} ({self.options.output_format}); logs: {self.state_dir / 'logs'}")
+        print(f"took {seconds:,.0f} s; output: {self.folder} ({self.options.output_format}); "
+              f"logs: {self.state_dir / 'logs'}")
 
 
