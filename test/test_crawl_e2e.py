@@ -214,7 +214,7 @@ def samples(out: Path, output_format: str) -> dict[str, tuple[bytes, str | None]
         for path in sorted(out.glob("*.tar")):
             with tarfile.open(path) as tar:
                 contents = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
-            members.update(contents)
+            members.update(contents.keys())
             for name, data in contents.items():
                 if name.endswith(".jpg"):
                     key = name[:-4]

@@ -10,7 +10,6 @@ first (they finish or park what they hold), then the monitor, then the servers.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -109,9 +108,9 @@ class LocalCrawl:
         self.children: list[Child] = []
 
     def start_stack(self) -> dict[str, str]:
-        """The servers, on free ports, fresh (a run never reads an earlier run's messages);
-        returns the environment the crawler's processes (and this one's clients) use."""
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+        """The servers, on free ports; returns the environment the crawler's processes (and this
+        one's clients) use. Kafka and Redis start empty (a run never reads an earlier run's
+        messages); S3 keeps its data, the thumbnails a resumed collector fetches again."""
         addresses = self.stack.start()
         self.env = {**os.environ, **addresses.environment(), "MONITOR_PORT": str(free_port()),
                     "PYTHONUNBUFFERED": "1", **self._crawler_env}
