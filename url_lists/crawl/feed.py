@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,7 +51,6 @@ class FeedTotals:
     produced: int = 0       # by this run
     already: int = 0        # accepted rows with an outcome from an earlier run
     shards: int = 0
-    sites: Counter[str] = field(default_factory=Counter)  # accepted rows per site
 
 
 class Stopped(Exception):
@@ -202,7 +201,6 @@ class Feed:
                 bad = str(exc)
             else:
                 totals.accepted += 1
-                totals.sites[site] += 1
                 shard.sites[site] += 1
                 if row in self._finished:
                     totals.already += 1

@@ -33,6 +33,7 @@ EMPTY_SOURCES = "[]"  # the embedded monitor's SOURCES_URL: every site is rated 
 # (robots.txt tried at 30 s, 90 s, 210 s, 450 s), not the fleet's day: the command must end.
 ROBOTS_GIVE_UP_SECONDS = 600
 STOP_GRACE = 20.0  # seconds a worker gets to finish or park what it holds before it is killed
+SERVER_GRACE = 2.0  # seconds the servers get to stop once the crawler's processes have
 
 
 def user_agent(env: Mapping[str, str], token: str | None) -> str:
@@ -71,10 +72,14 @@ class Child:
         return self.process.poll()
 
     def signal_group(self, signum: int) -> None:
-        try:
-            os.killpg(self.process.pid, signum)
-        except ProcessLookupError:
-            pass
+        _signal_group(self.process.pid, signum)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def stop_children(children: list[Child], grace: float) -> None:
@@ -126,8 +131,26 @@ class LocalCrawl:
         return next((child for child in self.children if child.exited() is not None), None)
 
     def stop(self) -> None:
+        """The monitor and workers at once (a worker parks what it holds in Kafka, which the
+        monitor is not needed for), then the servers at once: Kafka and Redis hold nothing
+        worth waiting for (memory only, fresh each run), S3 gets SERVER_GRACE to close its files."""
         children, self.children = self.children, []
-        workers = [c for c in children if c.name != "monitor"]
-        stop_children(workers, STOP_GRACE)
-        stop_children([c for c in children if c.name == "monitor"], STOP_GRACE)
-        self.stack.stop()
+        stop_children(children, STOP_GRACE)
+        servers, self.stack.servers = self.stack.servers, []
+        for server in servers:
+            if server.process is not None and server.process.poll() is None:
+                _signal_group(server.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + SERVER_GRACE
+        for server in servers:
+            if server.process is None:
+                continue
+            try:
+                server.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(server.process.pid, signal.SIGKILL)
+            try:
+                server.process.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            server.process = None

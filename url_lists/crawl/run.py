@@ -19,7 +19,6 @@ from common.contracts import INBOUND_PARTITIONS
 from common.jsonlog import LOGGER, JsonFormatter, log_event
 from common.kafka import ensure_topics, producer_config
 from common.settings import Settings
-from crawl_monitor.sources import rate_for_size
 from url_lists.crawl import checks
 from url_lists.crawl.checks import Listing
 from url_lists.crawl.feed import Feed, FeedTotals, Inbound, Stopped
@@ -88,17 +87,6 @@ class Bar:
         if self._bar is not None:
             self.update()
             self._bar.close()
-
-
-def slowest_site(totals: FeedTotals) -> list[str]:
-    """The site whose URLs take longest at its limit: what bounds the crawl's length."""
-    if not totals.sites:
-        return []
-    limits = {site: rate_for_size(count) for site, count in totals.sites.items()}
-    slowest = max(totals.sites, key=lambda site: totals.sites[site] / limits[site])
-    return [f"longest site: {slowest}, {totals.sites[slowest]:,} URLs at its limit of {limits[slowest]:g} "
-            f"request/s: {totals.sites[slowest] / limits[slowest]:,.0f} s at least (a site's limit grows with its "
-            "URLs in the list: 5,000 or fewer, 1 request/s)"]
 
 
 class CrawlRun:
@@ -176,7 +164,9 @@ class CrawlRun:
                 redis.close()
             if self.local is not None:
                 self.local.stop()
-            log_event("crawl_stopped", seconds=round(time.monotonic() - started, 1), errors=self.errors)
+            totals = self.feed.totals if self.feed else FeedTotals()
+            log_event("crawl_stopped", seconds=round(time.monotonic() - started, 1), errors=self.errors,
+                      rows=totals.rows, bad=totals.bad, produced=totals.produced, already=totals.already)
         self._summary(collector, time.monotonic() - started)
         return EXIT_DONE
 
@@ -213,8 +203,6 @@ class CrawlRun:
 
     def _summary(self, collector: Collector, seconds: float) -> None:
         for line in collector.summary_lines():
-            print(line)
-        for line in slowest_site(self.totals or (self.feed.totals if self.feed else FeedTotals())):
             print(line)
         print(f"took {seconds:,.0f} s; output: {self.folder} ({self.options.output_format}); "
               f"logs: {self.state_dir / 'logs'}")
