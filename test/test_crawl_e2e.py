@@ -38,8 +38,10 @@ from PIL import Image
 from common.contracts import allowed_per_second
 from common.settings import DEFAULT_USER_AGENT
 from crawl_monitor.sources import rate_for_size
+from demo.cluster import Child, Cluster, module_argv
 from demo.simweb import BROKEN, IMAGE, MISSING, ROBOTS_PATH, SimWeb, SiteSpec, busiest_second
 from test.resolving_worker import HOSTS_FILE_ENV
+from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a broker of this test's own
 from url_lists.dataset.keys import sample_key
 from url_lists.sites import site_of_host
 
@@ -307,3 +309,31 @@ def test_the_issue_s_10000_rows_over_300_sites_in_webdataset_killed_and_resumed(
 def test_the_issue_s_10000_rows_over_300_sites_in_parquet_interrupted_by_sigint(tmp_path: Path) -> None:
     crawl_stopped_then_resumed(tmp_path, sites=300, rows=10_000, output_format="parquet", timeout=900,
                                signum=signal.SIGINT, at=0.5)
+
+
+def test_with_a_fleet_s_settings_it_starts_nothing_and_collects_what_the_fleet_crawls(
+        crawl_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """KAFKA_HOSTS, REDIS_URL and S3 set: the monitor and workers are the test's (a fleet's), the
+    command only produces and collects."""
+    world = World(tmp_path, sites=10, rows=200)
+    out = tmp_path / "dataset"
+    marker = uuid.uuid4().hex
+    sources = tmp_path / "sources.json"
+    sources.write_text("[]")
+    with world.web.serving():
+        world.write_list()
+        fleet_env = {**crawl_env, HOSTS_FILE_ENV: str(world.hosts_file), "SOURCES_URL": str(sources),
+                     "TARGET_RESOLUTION": str(IMAGE_SIZE), "CRAWL_USER_AGENT": f"{DEFAULT_USER_AGENT} {TOKEN}",
+                     "MONITOR_PORT": "0", "PYTHONUNBUFFERED": "1"}
+        with Cluster(fleet_env, tmp_path / "fleet") as cluster:
+            cluster.start_monitor()
+            for n in range(2):
+                cluster.children.append(Child(f"worker-{n + 1}", module_argv("test.resolving_worker"), fleet_env,
+                                              tmp_path / "fleet" / f"worker-{n + 1}.log").start())
+            done = run_to_the_end(command(world, out, "webdataset"), {**fleet_env, "CRAWL_E2E_MARKER": marker},
+                                  timeout=240)
+            assert not cluster.died()
+        assert_none_left(marker)
+        assert not (out / "_crawl" / "stack").exists() and "with a fleet" in done.stderr
+        check_dataset(world, out, "webdataset")
+        assert_polite(world)

@@ -156,6 +156,11 @@ class CrawlRun:
         except Failed as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return EXIT_FAILED
+        except Exception as exc:  # noqa: BLE001 - a server that did not start, a broker that refused...
+            log_event("crawl_failed", part="command", error=repr(exc))
+            print(f"error: {type(exc).__name__}: {exc}; run the same command again to resume",
+                  file=sys.stderr, flush=True)
+            return EXIT_FAILED
         finally:
             self.stop.set()
             for thread in threads:
