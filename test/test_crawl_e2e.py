@@ -279,8 +279,9 @@ def crawl_stopped_then_resumed(tmp: Path, sites: int, rows: int, output_format: 
               f"{before} requests, resumed in {time.monotonic() - started:.0f} s with "
               f"{image_requests(world.web) - before} more")
         assert_none_left(marker)
-        # The rerun crawled only what had no outcome: not the whole list again.
-        assert image_requests(world.web) - before < len(world.accepted()) - 0.8 * at * images
+        # The rerun crawled only what had no outcome: not the whole list again. (What the sites
+        # had answered but the workers not yet analysed at the kill, ~4 s of fetches, is crawled again.)
+        assert image_requests(world.web) - before <= len(world.accepted()) - 0.5 * before
         counted = check_dataset(world, out, output_format)
         assert_polite(world)
     assert "successes" in second.stdout and "warning: --thread_count" in second.stderr, second.stdout

@@ -70,7 +70,7 @@ class Bar:
             self._first = done
         if self._tty:
             if self._bar is None:
-                self._bar = tqdm(total=total, initial=done, unit="img", smoothing=0.1, dynamic_ncols=True)
+                self._bar = tqdm(total=total, initial=done, unit="outcome", smoothing=0.1, dynamic_ncols=True)
             self._bar.total = total
             self._bar.update(done - self._bar.n)
             self._bar.set_postfix(counts, refresh=False)
