@@ -10,6 +10,7 @@ first (they finish or park what they hold), then the monitor, then the servers.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,6 +130,13 @@ class LocalCrawl:
     def died(self) -> Child | None:
         """A child that exited although nobody stopped it."""
         return next((child for child in self.children if child.exited() is not None), None)
+
+    def discard_data(self) -> None:
+        """The servers' data (S3's thumbnails: as large as the dataset), once the crawl is complete;
+        their logs stay."""
+        for entry in self.data_dir.iterdir() if self.data_dir.is_dir() else []:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
 
     def stop(self) -> None:
         """The monitor and workers at once (a worker parks what it holds in Kafka, which the

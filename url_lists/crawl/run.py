@@ -172,6 +172,8 @@ class CrawlRun:
             totals = self.feed.totals if self.feed else FeedTotals()
             log_event("crawl_stopped", seconds=round(time.monotonic() - started, 1), errors=self.errors,
                       rows=totals.rows, bad=totals.bad, produced=totals.produced, already=totals.already)
+        if self.local is not None:
+            self.local.discard_data()  # every shard is published: no thumbnail is needed again
         self._summary(collector, time.monotonic() - started)
         return EXIT_DONE
 
