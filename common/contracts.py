@@ -244,6 +244,12 @@ EVENT_LIST_INTERRUPTED = "list_interrupted"
 EVENT_EXPORT_SHARD = "export_shard_written"
 EVENT_EXPORT_STOPPED = "export_stopped"
 EVENT_EXPORT_GAP = "export_gap"
+# The dataset collector (issue 42, url_lists.dataset): a shard published whole; the sites' limits
+# not readable from Redis (the summary's rate line goes without); a broker that cannot find
+# offsets by time (a fresh run then reads the outcome topics from their start).
+EVENT_DATASET_SHARD = "dataset_shard_written"
+EVENT_DATASET_LIMITS_UNREADABLE = "dataset_limits_unreadable"
+EVENT_DATASET_OFFSETS_BY_TIME = "dataset_offsets_by_time_unavailable"
 
 
 # Events whose shape SPEC.md §4 fixes exactly: their lines carry no "level" (it is implied).
@@ -255,6 +261,7 @@ EVENT_LEVELS = {
     EVENT_SOURCES_UNAVAILABLE: _WARNING, EVENT_REDIS_VALUE_IGNORED: _WARNING,
     EVENT_MESSAGES_REJECTED: _WARNING, EVENT_TSV_BAD_ROW: _WARNING, EVENT_LIST_BAD_ROW: _WARNING,
     EVENT_LIST_INTERRUPTED: _WARNING, EVENT_EXPORT_GAP: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
+    EVENT_DATASET_LIMITS_UNREADABLE: _WARNING, EVENT_DATASET_OFFSETS_BY_TIME: _WARNING,
     EVENT_INFRA_RETRY: _WARNING, EVENT_WORKER_TOKENS_FORFEITED: _WARNING, EVENT_DOWNSTREAM_REFUSED: _WARNING,
     EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
     EVENT_CONSUMER_FLOW_FAILED: _WARNING, EVENT_STATS_REJECTED: _WARNING,

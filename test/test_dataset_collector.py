@@ -14,6 +14,7 @@ from common import contracts
 from common.settings import Settings
 from test.dataset_fakes import (RUN, FakeLimits, FakeOutcomes, FakeThumbnails, error, link_rot, success,
                                 write_list)
+from url_lists.dataset import collector as collector_module
 from url_lists.dataset.collector import Collector, DatasetOptions
 from url_lists.dataset.keys import row_identifier
 
@@ -110,8 +111,11 @@ def test_a_crawl_becomes_webdataset_shards(tmp_path: Path) -> None:
     assert c.finished_rows() == set(range(10))
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "files"])
-def test_the_other_formats(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet", "files"])
+def test_the_other_formats_and_data_synced_as_it_comes(tmp_path: Path, fmt: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collector_module, "DATA_SYNC_BYTES", 1)
+    monkeypatch.setattr(collector_module, "SYNC_INTERVAL", 0.0)
     outcomes, thumbnails = FakeOutcomes(), FakeThumbnails()
     shards = write_list(tmp_path, 10, PER_SHARD, bad={2: "no url"})
     the_crawl(outcomes, thumbnails)
@@ -123,6 +127,9 @@ def test_the_other_formats(tmp_path: Path, fmt: str) -> None:
         assert by_key["000000000"]["jpg"] == thumbnails.objects[row_identifier(RUN, 0)]
         assert by_key["000000002"]["jpg"] is None
         assert not (tmp_path / "00000.tar").exists()
+    elif fmt == "webdataset":
+        with tarfile.open(tmp_path / "00000.tar") as tar:
+            assert tar.getnames() == ["000000000.jpg", "000000000.txt", "000000000.json"]
     else:
         files = sorted(p.name for p in (tmp_path / "00000").iterdir())
         assert files == ["000000000.jpg", "000000000.json", "000000000.txt"]

@@ -39,7 +39,7 @@ def test_errors_by_reason_status_and_site() -> None:
                           (SUCCESS, "a.test")]:
         tally.add(outcome, site)
     got = tally.as_dict()
-    assert got["by_reason"] == {"HTTP 403": 2, "Timeout": 1, "bad": 1}
+    assert got["by_reason"] == {"HTTP 403": 2, "Timeout": 1}  # a bad row is listed with its file and row
     assert got["by_http_status"] == {"403": 2}
     assert got["failures_by_site"] == {"a.test": 2, "b.test": 1, "c.test": 1}  # a success is not a failure
     assert got["bad"] == [{"file": "f", "row": 2, "reason": "bad"}]

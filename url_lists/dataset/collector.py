@@ -21,6 +21,7 @@ on another, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import threading
@@ -30,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from common import contracts
 from common.hosts import InvalidHost
@@ -45,8 +48,8 @@ from url_lists.dataset.outcomes import (ERROR, OUTCOME_TOPICS, SUCCESS, THUMBNAI
 from url_lists.dataset.sources import KafkaOutcomes, LimitSource, OutcomeSource, Record, RedisLimits, partition_name
 from url_lists.dataset.s3 import StoreUnavailable
 from url_lists.dataset.stats import MAX_BAD_ROWS_LISTED, TOP_SITES, RateWindow, Tally, shard_stats, summary_lines
-from url_lists.dataset.writers import (OUTCOME_FIELDS, ShardWriter, discard_leftovers, row_schema, shard_writer,
-                                       stats_path)
+from url_lists.dataset.writers import (OUTCOME_FIELDS, ShardWriter, discard_leftovers, extra_columns, row_schema,
+                                       shard_writer, stats_path)
 from url_lists.rows import url_origin_of
 from url_lists.sites import site_of_host
 from url_lists.tsv_producer import with_scheme
@@ -58,13 +61,13 @@ POLL_MESSAGES = 2_000
 POLL_TIMEOUT = 0.2
 SYNC_INTERVAL = 0.5        # seconds between two journal syncs (and saves of the offsets)
 MAX_FETCHES = 256          # thumbnails being fetched (or waiting for a connection) at once
+DATA_SYNC_BYTES = 32 << 20  # an open shard's images are synced as they pass this, not all at its end
 LIMITS_INTERVAL = 5.0      # seconds between two reads of the sites' limits
 FETCH_RETRY_FIRST, FETCH_RETRY_MAX = 0.5, 30.0
 # A fresh run reads the outcome topics from this long before its run.json was written:
 # its rows are produced after, and a clock a little off must not lose the first outcomes.
 START_MARGIN = 300.0
 _OUTCOME_NAMES = [f.name for f in OUTCOME_FIELDS]
-EVENT_SHARD_WRITTEN = "dataset_shard_written"
 
 
 @dataclass(frozen=True)
@@ -89,12 +92,22 @@ class _Shard:
     """An open shard: its input rows, which have finished, its writer, journal and tally."""
 
     def __init__(self, options: DatasetOptions, shard: int, journaled: dict[int, dict[str, Any]]):
-        table = inputs.read_input_shard(options.folder, shard)
+        table = inputs.read_input_shard(options.folder, shard).combine_chunks()
         self.shard = shard
-        self.extra = inputs.additional_columns(table)
-        columns = table.to_pydict()
-        self.columns = columns
-        self.index = {row: i for i, row in enumerate(columns["row"])}
+        self.extra = extra_columns(table.schema)  # input name -> output name
+        # Kept as Arrow arrays, read a value at a time: half the memory of Python lists.
+        self._values = [("key", _array(table, "key")), ("url", _array(table, "url")),
+                        ("caption", _array(table, "caption"))]
+        self._values += [(out, _array(table, name)) for name, out in self.extra.items()]
+        numbers = table.column("row").to_pylist()
+        self._bad = [(row, bad_row_outcome(reason, source_file, source_row)) for row, status, reason, source_file,
+                     source_row in zip(numbers, *(table.column(name).to_pylist() for name in (
+                         "status", "bad_reason", "source_file", "source_row")), strict=True)
+                     if status == inputs.BAD]
+        # Rows numbered in a run (the usual case) need no table from row to position.
+        contiguous = numbers == list(range(numbers[0], numbers[0] + len(numbers))) if numbers else True
+        self.index: range | dict[int, int] = range(numbers[0], numbers[0] + len(numbers)) if numbers and \
+            contiguous else {row: i for i, row in enumerate(numbers)}
         self.finished: set[int] = set()
         self.fetching: set[int] = set()
         discard_leftovers(options.folder, shard)
@@ -110,19 +123,21 @@ class _Shard:
         return len(self.index)
 
     def identity(self, row: int) -> dict[str, Any]:
-        i = self.index[row]
-        c = self.columns
-        return {"key": c["key"][i], "url": c["url"][i], "caption": c["caption"][i],
-                **{name: c[name][i] for name in self.extra}}
+        i = self.index.index(row) if isinstance(self.index, range) else self.index[row]
+        return {name: values[i].as_py() for name, values in self._values}
 
     def bad_rows(self) -> list[tuple[int, dict[str, Any]]]:
-        c = self.columns
-        return [(row, bad_row_outcome(c["bad_reason"][i], c["source_file"][i], c["source_row"][i]))
-                for i, row in enumerate(c["row"]) if c["status"][i] == inputs.BAD]
+        bad, self._bad = self._bad, []
+        return bad
 
     @property
     def complete(self) -> bool:
         return len(self.finished) == self.size
+
+
+def _array(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
 
 
 def _site(url: Any) -> str | None:
@@ -150,7 +165,6 @@ class Collector:
         self._requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._tally = Tally(max_bad_listed=MAX_BAD_ROWS_LISTED)
         self._completed: dict[int, int] = {}   # shard -> its rows, for every published shard
-        self._journaled: dict[int, dict[int, dict[str, Any]]] = {}  # unopened shard -> journal
         self._load_folder()
         self._shards: dict[int, _Shard] = {}
         self._expected: set[int] = set()
@@ -158,7 +172,7 @@ class Collector:
         self._input_done = False
         self._reader = OutcomeReader(options.run)
         self._next: dict[str, int] = {}                 # partition -> next offset to read
-        self._pending: dict[str, dict[int, None]] = {}  # partition -> offsets not yet durable
+        self._pending: dict[str, dict[int, None]] = {}  # partition -> offsets whose rows are not durable yet
         self._unreleased: list[tuple[str, int]] = []    # finished rows' messages, durable at the next sync
         self._orphans: dict[int, dict[int, tuple[dict[str, Any], str, int]]] = {}  # shard with no input yet
         self._rate = RateWindow()
@@ -222,8 +236,6 @@ class Collector:
                     self._completed[shard] = int(stats.get("count", 0))
                     self._tally.merge(stats)
                     journal_path(self.options.folder, shard).unlink(missing_ok=True)
-                    continue
-            self._journaled[shard] = read_journal(journal_path(self.options.folder, shard))
 
     def _state_path(self) -> Path:
         return self._crawl_dir / STATE_FILE
@@ -259,7 +271,7 @@ class Collector:
             offset = next_offset
             pending = self._pending.get(name)
             if pending:
-                offset = min(offset, next(iter(pending)))
+                offset = min(offset, min(pending))
             topic, _, partition = name.rpartition(":")
             if topic == contracts.METADATA_TOPIC:
                 waiting = self._reader.joiner.oldest_pending(int(partition))
@@ -275,6 +287,7 @@ class Collector:
         kafka_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-kafka")
         self._tasks: set[asyncio.Task[None]] = set()
         self._fetches = asyncio.Semaphore(MAX_FETCHES)
+        self._room = asyncio.Event()  # set when fetches in flight fell to half the most
         self._last_sync = 0.0
         self._sync_task: asyncio.Task[None] | None = None
         closers = []
@@ -308,6 +321,7 @@ class Collector:
                 await limits.close()
                 if reader_context is not None:
                     await reader_context.__aexit__(None, None, None)
+                    self._thumbnails = None
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -337,7 +351,9 @@ class Collector:
                     and not self._tasks:
                 return
             if len(self._tasks) >= MAX_FETCHES:
-                await asyncio.wait(self._tasks, timeout=POLL_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+                self._room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), POLL_TIMEOUT)
             else:
                 records = await loop.run_in_executor(kafka_thread, source.poll, POLL_MESSAGES, POLL_TIMEOUT)
                 for record in records:
@@ -378,11 +394,11 @@ class Collector:
             return state
         if not inputs.input_path(self.options.folder, shard).exists():
             return None
-        state = _Shard(self.options, shard, self._journaled.pop(shard, {}))
+        state = _Shard(self.options, shard, read_journal(journal_path(self.options.folder, shard)))
         self._shards[shard] = state
         for row, outcome in state.bad_rows():
             self._finish(state, row, outcome, None, journal=False)
-        for row, outcome in state.journaled.items():
+        for row, outcome in state.journaled.items():  # what a previous run finished: rebuilt
             if row in state.index and row not in state.finished:
                 self._start(state, row, outcome, None, journal=False)
         state.journaled = {}
@@ -400,7 +416,7 @@ class Collector:
             if record.topic == contracts.METADATA_TOPIC and record.offset % 1000 == 0:
                 self._reader.joiner.expire(record.partition, record.offset)
             return
-        row, outcome = found
+        row, outcome, first = found  # first: the offset of its first message (EXIF, then quality)
         shard = shard_of(row, self.options.per_shard)
         if shard in self._completed:
             return
@@ -408,16 +424,18 @@ class Collector:
         if state is None:  # its input shard is not written yet: held until it is
             orphans = self._orphans.setdefault(shard, {})
             if row not in orphans:
-                orphans[row] = (outcome, name, record.offset)
-                self._pending.setdefault(name, {})[record.offset] = None
+                orphans[row] = (outcome, name, first)
+                self._pending.setdefault(name, {})[first] = None
             return
-        self._accept(state, row, outcome, name, record.offset)
+        self._accept(state, row, outcome, name, first)
 
     def _accept(self, state: _Shard, row: int, outcome: dict[str, Any], name: str, offset: int) -> None:
         if row not in state.index or row in state.finished or row in state.fetching:
             return  # not a row of the list, or a repeated outcome: the first counts
         self._pending.setdefault(name, {})[offset] = None
         self._crawled += 1
+        if self._crawled == 1:  # the rate counts from the first outcome, not from the next look
+            self._rate.look(time.monotonic(), 1, None)
         self._start(state, row, outcome, (name, offset), journal=True)
 
     def _start(self, state: _Shard, row: int, outcome: dict[str, Any], message: tuple[str, int] | None,
@@ -432,6 +450,8 @@ class Collector:
 
     def _fetched(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        if len(self._tasks) < MAX_FETCHES // 2:
+            self._room.set()
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
 
@@ -484,11 +504,13 @@ class Collector:
         """On the disk thread, in order with the syncs: a sync queued after it releases the
         shard's messages only once the shard is in place."""
         try:
+            started = time.monotonic()
             state.journal.close()
             state.writer.publish(stats)
             state.journal.remove()
-            log_event(EVENT_SHARD_WRITTEN, shard=state.shard, rows=state.size, successes=state.tally.successes,
-                      folder=str(self.options.folder))
+            log_event(contracts.EVENT_DATASET_SHARD, shard=state.shard, rows=state.size,
+                      successes=state.tally.successes, folder=str(self.options.folder),
+                      seconds=round(time.monotonic() - started, 3))
         except BaseException as exc:
             self._failure = exc
             raise
@@ -499,21 +521,25 @@ class Collector:
         loop = asyncio.get_running_loop()
         released, self._unreleased = self._unreleased, []
         journals = [shard.journal for shard in self._shards.values() if shard.journal.dirty]
-        await loop.run_in_executor(self._disk, _sync_all, journals)
+        bulky = [shard.writer for shard in self._shards.values() if shard.writer.unsynced >= DATA_SYNC_BYTES]
+        for writer in bulky:
+            writer.unsynced = 0
+        await loop.run_in_executor(self._disk, _sync_all, journals, bulky)
         if self._failure is not None:
             raise self._failure
         for name, offset in released:
             pending = self._pending.get(name)
             if pending is not None:
                 pending.pop(offset, None)
-        await loop.run_in_executor(self._disk, self._save_offsets, self._safe_offsets())
+        if self._next:  # not before the reading started: the saved offsets stay as they are
+            await loop.run_in_executor(self._disk, self._save_offsets, self._safe_offsets())
 
     async def _watch_limits(self, limits: LimitSource, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 limit = await limits.limit_sum()
             except Exception as exc:  # noqa: BLE001 - the rate line is a report: Redis away must not stop the crawl
-                log_event("dataset_limits_unreadable", level="warning", error=repr(exc)[:300])
+                log_event(contracts.EVENT_DATASET_LIMITS_UNREADABLE, error=repr(exc)[:300])
                 limit = None
             self._rate.look(time.monotonic(), self._crawled, limit)
             await asyncio.sleep(LIMITS_INTERVAL)
@@ -535,6 +561,8 @@ class Collector:
         publish(temporary, path)
 
 
-def _sync_all(journals: list[Journal]) -> None:
+def _sync_all(journals: list[Journal], writers: list[ShardWriter]) -> None:
+    for writer in writers:
+        writer.sync_data()
     for journal in journals:
         journal.sync()

@@ -17,10 +17,9 @@ from typing import Any
 
 from common import contracts
 from url_lists.dataset.keys import row_of, run_prefix
-from url_lists.results import Joiner
+from url_lists.results import ERROR, LINK_ROT, SUCCESS, Joiner
 
 OUTCOME_TOPICS = (contracts.METADATA_TOPIC, contracts.LINK_ROT_TOPIC, contracts.CRAWL_ERRORS_TOPIC)
-SUCCESS, LINK_ROT, ERROR = "success", "link_rot", "error"
 # A success whose X-Robots-Tag forbids storing the image: the crawler kept no thumbnail.
 X_ROBOTS_TAG_FORBIDS = "XRobotsTagForbidsImage"
 THUMBNAIL_MISSING = "ThumbnailMissing"  # a success whose thumbnail S3 does not have
@@ -38,30 +37,46 @@ def bad_row_outcome(reason: str | None, source_file: str | None, source_row: int
             "source_file": source_file, "source_row": source_row}
 
 
+class _Joiner(Joiner):
+    """Also says where a joined success began: its EXIF message's offset, if it had one."""
+
+    exif_offset: int | None = None
+
+    def _success(self, identifier: str, message: dict[str, Any], partition: int) -> dict[str, Any]:
+        held = self.pending.get(identifier)
+        self.exif_offset = held[2] if held is not None and held[1] == partition else None
+        return super()._success(identifier, message, partition)
+
+
 class OutcomeReader:
     def __init__(self, run: uuid.UUID):
         self._run = run
         self._prefix = run_prefix(run).encode()
-        self.joiner = Joiner()
+        self.joiner = _Joiner()
 
     def of_run(self, raw: bytes | None) -> bool:
         """Whether ``raw`` may be one of this run's (a byte search: most messages are not)."""
         return raw is not None and self._prefix in raw
 
-    def feed(self, topic: str, partition: int, offset: int, raw: bytes | None) -> tuple[int, dict[str, Any]] | None:
-        """The row and outcome this message completes; None for another run's message, an EXIF
-        message (held), or one that cannot be read."""
+    def feed(self, topic: str, partition: int, offset: int,
+             raw: bytes | None) -> tuple[int, dict[str, Any], int] | None:
+        """The row and outcome this message completes, and the offset of the outcome's first
+        message (an EXIF message before its quality message); None for another run's message,
+        an EXIF message (held), or one that cannot be read."""
         if not self.of_run(raw):
             return None
         assert raw is not None
         if topic not in OUTCOME_TOPICS:
-            return self._other(topic, raw)
+            found = self._other(topic, raw)
+            return None if found is None else (*found, offset)
+        self.joiner.exif_offset = None
         joined = self.joiner.feed(topic, partition, offset, raw)
         if joined is None:
             return None
         row = row_of(joined["identifier"], self._run)
         if row is None:
             return None
+        first = offset if self.joiner.exif_offset is None else self.joiner.exif_offset
         kind = joined["outcome"]
         if kind == SUCCESS:
             outcome: dict[str, Any] = {key: joined.get(key) for key in (
@@ -70,13 +85,13 @@ class OutcomeReader:
                 outcome.update(status=ERROR, error_message=X_ROBOTS_TAG_FORBIDS)
             else:
                 outcome.update(status=SUCCESS, thumbnail_key=joined["thumbnail_key"])
-        elif kind == contracts.LINK_ROT_TOPIC:
+        elif kind == LINK_ROT:
             outcome = {"status": LINK_ROT}
         else:
             outcome = {"status": ERROR, "error_message": joined.get("reason") or "unknown",
                        "http_status": joined.get("status")}
         self._waits(raw, outcome)
-        return row, outcome
+        return row, outcome, first
 
     def _other(self, topic: str, raw: bytes) -> tuple[int, dict[str, Any]] | None:
         message = _object(raw)
@@ -96,8 +111,6 @@ class OutcomeReader:
             message = _object(raw) or {}
             outcome["robots_wait"] = message.get(ROBOTS_WAIT_FIELD) is not None
             outcome["retry_after_wait"] = message.get(RETRY_AFTER_WAIT_FIELD) is not None
-        if isinstance(outcome.get("error_message"), str) and outcome.get("error_message") == "RobotsUnavailable":
-            outcome["robots_wait"] = True  # it waited for robots.txt until the crawl gave up
 
 
 def _object(raw: bytes) -> dict[str, Any] | None:

@@ -62,17 +62,20 @@ class KafkaOutcomes:
 
     def _offsets_since(self, partitions: list[TopicPartition], since: float) -> dict[str, int]:
         """The first offset at or after ``since`` in each partition: its end if it has none yet."""
+        # The watermarks first: a message produced after them is read, whatever the lookup says.
+        marks = {partition_name(tp.topic, tp.partition): self._consumer.get_watermark_offsets(
+            tp, timeout=WATERMARK_TIMEOUT) for tp in partitions}
         asked = [TopicPartition(tp.topic, tp.partition, int(since * 1000)) for tp in partitions]
         try:
             answers = {partition_name(tp.topic, tp.partition): tp.offset
                        for tp in self._consumer.offsets_for_times(asked, timeout=WATERMARK_TIMEOUT)}
         except KafkaException as exc:
-            log_event("dataset_offsets_by_time_unavailable", error=str(exc)[:300])
+            log_event(contracts.EVENT_DATASET_OFFSETS_BY_TIME, error=str(exc)[:300])
             answers = {}
         out = {}
         for tp in partitions:
             name = partition_name(tp.topic, tp.partition)
-            low, high = self._consumer.get_watermark_offsets(tp, timeout=WATERMARK_TIMEOUT)
+            low, high = marks[name]
             answer = answers.get(name)
             out[name] = low if answer is None else (high if answer < 0 else max(low, answer))
         return out

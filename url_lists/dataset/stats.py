@@ -10,11 +10,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-SUCCESS, LINK_ROT, ERROR = "success", "link_rot", "error"
+from url_lists.results import ERROR, LINK_ROT, SUCCESS
+
 TOP_SITES = 20
 # The crawl's per-site failure counts keep this many sites; past it, the least failing half is
 # dropped (the top 20 stay exact unless a site's failures are spread thinner than that).
 MAX_SITES = 10_000
+BAD_ROW = "bad row"  # img2dataset's status_dict counts reasons; a bad row's own one is in its parquet row
 MAX_BAD_ROWS_LISTED = 1_000  # in stats.json; every bad row is in its shard's parquet and stats
 
 
@@ -51,7 +53,9 @@ class Tally:
             self.link_rot += 1
         elif status == ERROR:
             self.errors += 1
-            self.by_reason[str(outcome.get("error_message"))] += 1
+            if not outcome.get("bad"):  # a bad row's reason names its value: listed with its row instead
+                self.by_reason[str(outcome.get("error_message"))] += 1
+                _prune(self.by_reason, MAX_SITES)
             http = outcome.get("http_status")
             if http is not None:
                 self.by_http_status[str(http)] += 1
@@ -72,7 +76,7 @@ class Tally:
 
     def merge(self, other: dict[str, Any]) -> None:
         """Add a shard's ``as_dict()`` (read back from its stats file)."""
-        for name in ("rows", "successes", "link_rot", "errors", "bad_rows", "waited_for_robots",
+        for name in ("rows", "successes", LINK_ROT, "errors", "bad_rows", "waited_for_robots",
                      "waited_for_retry_after"):
             setattr(self, name, getattr(self, name) + int(other.get(name, 0)))
         for name in ("by_reason", "by_http_status", "failures_by_site", "other_outcomes"):
@@ -86,7 +90,7 @@ class Tally:
     def as_dict(self, top_sites: int | None = None) -> dict[str, Any]:
         sites = self.failures_by_site.most_common(top_sites)
         return {
-            "rows": self.rows, "successes": self.successes, "link_rot": self.link_rot, "errors": self.errors,
+            "rows": self.rows, "successes": self.successes, LINK_ROT: self.link_rot, "errors": self.errors,
             "bad_rows": self.bad_rows,
             "by_reason": dict(self.by_reason.most_common()),
             "by_http_status": dict(sorted(self.by_http_status.items())),
@@ -105,7 +109,8 @@ def shard_stats(tally: Tally, start: float, end: float) -> dict[str, Any]:
         "failed_to_download": tally.rows - tally.successes, "failed_to_resize": 0,
         "duration": end - start, "start_time": start, "end_time": end,
         "status_dict": {SUCCESS: tally.successes, **dict(tally.by_reason), **(
-            {LINK_ROT: tally.link_rot} if tally.link_rot else {})},
+            {LINK_ROT: tally.link_rot} if tally.link_rot else {}), **(
+            {BAD_ROW: tally.bad_rows} if tally.bad_rows else {})},
         **tally.as_dict(),
     }
 
@@ -151,7 +156,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
     lines = [f"rows read: {summary['rows_read']:,}; with an outcome: {rows:,}",
              f"successes: {share(totals['successes'])}",
-             f"link rot (404, 410): {share(totals['link_rot'])}",
+             f"link rot (404, 410): {share(totals[LINK_ROT])}",
              f"errors: {share(totals['errors'])}, of which bad rows in the list: {totals['bad_rows']:,}"]
     for bad in totals["bad"][:10]:
         lines.append(f"  bad row: {bad['file']} row {bad['row']}: {bad['reason']}")
@@ -176,7 +181,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if rate["outcomes_per_second"] is None:
         lines.append("rate: not measured (the crawl was too short)")
     elif rate["sites_limit_sum"] is None:
-        lines.append(f"rate: {rate['outcomes_per_second']:,.1f} outcomes/s; the sites' limits were not readable")
+        lines.append(f"rate: {rate['outcomes_per_second']:,.1f} outcomes/s; the sites' limits were not read while "
+                     "it crawled (Redis not reachable, or the crawl was shorter than one look, 5 s)")
     else:
         lines.append(f"rate: {rate['outcomes_per_second']:,.1f} outcomes/s against {rate['sites_limit_sum']:,.1f} "
                      f"req/s, the sum of the limits of the sites being crawled ({100 * rate['ratio']:.0f}%): "
