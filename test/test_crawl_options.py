@@ -155,3 +155,15 @@ def test_the_module_refuses_a_missing_list_in_one_line() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and done.stderr.strip() == "error: /nonexistent/list.parquet: no such file"
+
+
+def test_a_list_changed_since_the_crawl_began_is_not_resumed(tmp_path: Path, parquet_list: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("KAFKA_HOSTS", "REDIS_URL", "S3_ENDPOINT_URL", "S3_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "out"
+    argv = ["--url_list", str(parquet_list), "--url_col", "URL", "--output_folder", str(out)]
+    checks.start_run(parse(argv), [parquet_list], lambda: __import__("uuid").uuid4())
+    pq.write_table(pa.table({"URL": ["http://a.test/1.jpg", "http://a.test/2.jpg"]}), parquet_list)
+    assert "files" in _refused(argv, capsys)

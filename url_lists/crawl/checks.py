@@ -124,7 +124,10 @@ def run_file(folder: Path) -> Path:
 
 
 def saved_options(options: CrawlOptions, files: list[Path]) -> dict[str, Any]:
-    return {**options.dataset_options(), "files": [str(path.resolve()) for path in files]}
+    """What a resumed run must share with its first: the options and the list, file by file
+    (path, size, modification time), as its rows are numbered from them."""
+    described = [[str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns] for path in files]
+    return {**options.dataset_options(), "files": described}
 
 
 def existing_run(options: CrawlOptions, files: list[Path]) -> uuid.UUID | None:
