@@ -110,6 +110,10 @@ class CrawlRun:
         _log_to(self.state_dir / "logs" / "crawl.log")
         log_event("crawl_started", run=str(run.run), resumed=run.resumed, fleet=self.distributed,
                   files=[str(path) for path in self.listing.files])
+        where = ("the fleet at " + self.env.get("KAFKA_HOSTS", "") if self.distributed else
+                 f"this machine: the local stack, a monitor and {self.options.processes_count} worker(s)")
+        print(f"{'resuming' if run.resumed else 'starting'} the crawl of {len(self.listing.files)} file(s) into "
+              f"{self.folder} with {where}", file=sys.stderr, flush=True)
         started = time.monotonic()
         redis: Redis | None = None
         threads: list[threading.Thread] = []
