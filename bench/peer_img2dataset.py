@@ -180,8 +180,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternate the two this many times")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep its logs, the sites' requests too "
                         "(default: a temporary one)")
+    parser.add_argument("--one-command", type=int, nargs="?", const=20_000, metavar="URLS",
+                        help="instead: img2dataset and python -m url_lists crawl, one command each, on the same "
+                             "list of URLS (20,000), webdataset, timed from command start to exit "
+                             "(bench/peer_one_command.py)")
     args = parser.parse_args()
     ensure_peer()
+    if args.one_command:
+        from bench import peer_one_command
+        with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
+                prefix="bench-peer-") as tmp:
+            peer_one_command.main(args.one_command, args.rounds, Path(tmp))
+        return
     specs, plan = build_web(args.urls)
     kept = contextlib.nullcontext(str(args.keep)) if args.keep else None
     with kept or tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:

@@ -88,7 +88,7 @@ class Server:
 
 def _package_file(package: str, *parts: str) -> Path:
     module = __import__(package)
-    return Path(module.__file__).parent.joinpath(*parts)
+    return Path(str(module.__file__)).parent.joinpath(*parts)
 
 
 def tansu_binary() -> str:

@@ -39,23 +39,28 @@ class Columns:
     url: str = "url"
     id: str | None = None
     source: str | None = None
+    extra: tuple[str, ...] = ()  # more columns, read as they are, after (url, id, source)
 
     def names(self) -> list[str]:
-        return [name for name in (self.url, self.id, self.source) if name is not None]
+        return [name for name in (self.url, self.id, self.source, *self.extra) if name is not None]
+
+    def slots(self) -> tuple[str | None, ...]:
+        """The column of each value of a row, in order: url, id, source, then the extra ones."""
+        return (self.url, self.id, self.source, *self.extra)
 
 
 @dataclass
 class Batch:
     """Consecutive rows of one file: ``first_row`` is the number of ``values[0]``.
 
-    ``values[i]`` is (url, id, source) with None where the column is not read or the
+    ``values[i]`` is (url, id, source, *extra) with None where the column is not read or the
     row lacks it, or None for a blank line or a row that could not be read at all;
     ``errors`` maps the index of the latter to the reason.
     """
 
     path: str
     first_row: int
-    values: list[tuple[Any, Any, Any] | None] = field(default_factory=list)
+    values: list[tuple[Any, ...] | None] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
     rows: int = 0  # len(values), kept once the values are handed over
 
@@ -106,7 +111,7 @@ def read_batches(path: Path, input_format: str, columns: Columns, skip_rows: int
             return
         with path.open(encoding="utf-8", errors="surrogateescape", newline="") as text:
             if input_format == "txt":
-                rows = _txt(text)
+                rows = _txt(text, columns)
             elif input_format in ("csv", "tsv"):
                 rows = _delimited(text, "\t" if input_format == "tsv" else ",", columns, str(path))
             elif input_format == "jsonl":
@@ -120,7 +125,7 @@ def read_batches(path: Path, input_format: str, columns: Columns, skip_rows: int
         raise BadFile(f"{path}: {exc.strerror or exc}") from None
 
 
-Row = tuple[int, tuple[Any, Any, Any] | None, str]  # number, values or None, why not
+Row = tuple[int, tuple[Any, ...] | None, str]  # number, values or None, why not
 
 
 def _batched(path: str, rows: Iterator[Row], skip_rows: int) -> Iterator[Batch]:
@@ -145,18 +150,18 @@ def _batched(path: str, rows: Iterator[Row], skip_rows: int) -> Iterator[Batch]:
         yield batch
 
 
-def _pick(record: Any, columns: Columns) -> tuple[tuple[Any, Any, Any] | None, str]:
+def _pick(record: Any, columns: Columns) -> tuple[tuple[Any, ...] | None, str]:
     if not isinstance(record, dict):
         return None, f"expected a JSON object, got {type(record).__name__}"
-    return (record.get(columns.url), record.get(columns.id) if columns.id else None,
-            record.get(columns.source) if columns.source else None), ""
+    return tuple(record.get(name) if name else None for name in columns.slots()), ""
 
 
-def _txt(text: IO[str]) -> Iterator[Row]:
+def _txt(text: IO[str], columns: Columns) -> Iterator[Row]:
+    nothing = (None,) * (len(columns.slots()) - 1)  # a line is a URL and nothing else
     for number, line in enumerate(text, 1):
         url = line.strip()
         if url:
-            yield number, (url, None, None), ""
+            yield number, (url, *nothing), ""
 
 
 def _jsonl(text: IO[str], columns: Columns) -> Iterator[Row]:
@@ -187,7 +192,7 @@ def _delimited(text: IO[str], delimiter: str, columns: Columns, path: str) -> It
     missing = [name for name in columns.names() if name not in header]
     if missing:
         raise BadFile(f"{path}: the header row lacks {', '.join(missing)} (it has {', '.join(header)[:300]})")
-    at = [header.index(name) if name else None for name in (columns.url, columns.id, columns.source)]
+    at = [header.index(name) if name else None for name in columns.slots()]
     number = 0
     while True:
         number += 1
@@ -198,7 +203,7 @@ def _delimited(text: IO[str], delimiter: str, columns: Columns, path: str) -> It
         except csv.Error as exc:
             yield number, None, f"cannot be read: {exc}"
             continue
-        yield number, tuple(fields[i] if i is not None and i < len(fields) else None for i in at), ""  # type: ignore[misc]
+        yield number, tuple(fields[i] if i is not None and i < len(fields) else None for i in at), ""
 
 
 def _json_array(text: IO[str], columns: Columns, path: str) -> Iterator[Row]:
@@ -271,8 +276,8 @@ def _parquet(path: Path, columns: Columns, skip_rows: int) -> Iterator[Batch]:
         for start in range(max(0, skip_rows - first + 1), rows, BATCH_ROWS):
             count = min(BATCH_ROWS, rows - start)
             lists = [table.column(name).slice(start, count).to_pylist() if name else [None] * count
-                     for name in (columns.url, columns.id, columns.source)]
-            values: list[tuple[Any, Any, Any] | None] = list(zip(*lists, strict=True))
+                     for name in columns.slots()]
+            values: list[tuple[Any, ...] | None] = list(zip(*lists, strict=True))
             yield Batch(str(path), first + start, values)
         first += rows
         del table

@@ -102,7 +102,7 @@ class Converted:
     bad: list[tuple[int, str]] = field(default_factory=list)
 
 
-def convert_batch(values: list[tuple[Any, Any, Any] | None], errors: dict[int, str], first_row: int,
+def convert_batch(values: list[tuple[Any, ...] | None], errors: dict[int, str], first_row: int,
                   with_identifier: bool, with_source: bool) -> Converted:
     """Every row of a batch (in a pool process: the URL parsers are most of a row's cost)."""
     out = Converted()
@@ -114,7 +114,7 @@ def convert_batch(values: list[tuple[Any, Any, Any] | None], errors: dict[int, s
                 out.bad.append((row, reason))
             continue
         try:
-            message, source = row_message(*row_values, with_identifier, with_source)
+            message, source = row_message(row_values[0], row_values[1], row_values[2], with_identifier, with_source)
         except contracts.InvalidMessage as exc:
             out.bad.append((row, str(exc)))
             continue
