@@ -260,6 +260,10 @@ EVENT_EXPORT_GAP = "export_gap"
 EVENT_DATASET_SHARD = "dataset_shard_written"
 EVENT_DATASET_LIMITS_UNREADABLE = "dataset_limits_unreadable"
 EVENT_DATASET_OFFSETS_BY_TIME = "dataset_offsets_by_time_unavailable"
+# The one-command crawl (url_lists.crawl): started (or resumed), a part of it failed, stopped.
+EVENT_LIST_CRAWL_STARTED = "list_crawl_started"
+EVENT_LIST_CRAWL_FAILED = "list_crawl_failed"
+EVENT_LIST_CRAWL_STOPPED = "list_crawl_stopped"
 
 
 # Events whose shape SPEC.md §4 fixes exactly: their lines carry no "level" (it is implied).
@@ -276,6 +280,7 @@ EVENT_LEVELS = {
     EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
     EVENT_CONSUMER_FLOW_FAILED: _WARNING, EVENT_STATS_REJECTED: _WARNING,
     EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE: _WARNING,
+    EVENT_LIST_CRAWL_FAILED: _ERROR,
     EVENT_MONITOR_COMPONENT_ERROR: _ERROR, EVENT_HTTP_API_ERROR: _ERROR, EVENT_TASK_CRASHED: _ERROR,
     EVENT_FETCH_UNEXPECTED_ERROR: _ERROR, EVENT_IMAGE_POOL_BROKEN: _ERROR, EVENT_CONSUMER_ERROR: _ERROR,
     EVENT_OUTCOME_UNWRITABLE: _ERROR, EVENT_WORKER_STOP_OVERDUE: _ERROR,
@@ -339,6 +344,10 @@ class InvalidMessage(ValueError):
     """An inbound message that cannot be crawled; its text is the reason given."""
 
 
+ROBOTS_WAIT_FIELD = "robots_wait_since"      # when the URL's host's robots.txt was first unavailable
+RETRY_AFTER_WAIT_FIELD = "retry_after_since"  # when the URL was first answered 429 or 503 (a Retry-After pause)
+
+
 @dataclass(frozen=True)
 class CrawlRequest:
     url: str
@@ -347,12 +356,17 @@ class CrawlRequest:
     attempts: int = 0
     # Unix time robots.txt of the URL's host was first found unavailable; None: never.
     robots_wait_since: float | None = None
+    # Unix time the URL was first answered 429 or 503, which pause its source; None: never.
+    retry_after_since: float | None = None
+
+    def waits(self) -> dict[str, float]:
+        """The waits this URL went through, as the fields its messages carry (SPEC.md §1)."""
+        found = {ROBOTS_WAIT_FIELD: self.robots_wait_since, RETRY_AFTER_WAIT_FIELD: self.retry_after_since}
+        return {name: since for name, since in found.items() if since is not None}
 
     def to_json(self, **extra: Any) -> bytes:
         fields: dict[str, Any] = {"url": self.url, "uuid": self.uuid, "source": self.source,
-                                  "attempts": self.attempts}
-        if self.robots_wait_since is not None:
-            fields["robots_wait_since"] = self.robots_wait_since
+                                  "attempts": self.attempts, **self.waits()}
         return json.dumps({**fields, **extra}).encode()
 
 
@@ -422,11 +436,14 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
     attempts = data.get("attempts", 0)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
         raise InvalidMessage("attempts must be a non-negative integer")
-    since = data.get("robots_wait_since")
-    if since is not None and not _unix_time(since):
-        raise InvalidMessage("robots_wait_since must be a Unix time in seconds")
+    waits: dict[str, float | None] = {}
+    for field in (ROBOTS_WAIT_FIELD, RETRY_AFTER_WAIT_FIELD):
+        since = data.get(field)
+        if since is not None and not _unix_time(since):
+            raise InvalidMessage(f"{field} must be a Unix time in seconds")
+        waits[field] = None if since is None else float(since)
     return CrawlRequest(url=url, uuid=uuid, source=source, attempts=attempts,
-                        robots_wait_since=None if since is None else float(since))
+                        robots_wait_since=waits[ROBOTS_WAIT_FIELD], retry_after_since=waits[RETRY_AFTER_WAIT_FIELD])
 
 
 def _unix_time(value: Any) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 from confluent_kafka import KafkaError
@@ -14,7 +15,7 @@ from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               NUM_RESIZED, RESIZE_ERRORS, CrawlRequest, errors_key, last_50_key,
                               OPTED_OUT, OPTED_OUT_TOPIC, OUTCOME_TOPICS, opted_out_key,
-                              resized_key, status_window_key, urls_ended_key)
+                              parse_crawl_request, resized_key, status_window_key, urls_ended_key)
 from common.kafka import MessageRefused
 from common.response_times import OVERLOAD_FIELD, bin_of
 from common.settings import Settings
@@ -134,9 +135,24 @@ async def test_missing_images_are_link_rot(status: int) -> None:
 async def test_transient_failures_are_retried_through_inbound_images(result, status) -> None:
     run = await Run(result, attempts=0)()
     assert set(run.outcomes()) == {INBOUND_TOPIC}
-    assert run.producer.on(INBOUND_TOPIC) == [
-        {"url": "http://example.org/a.jpg", "uuid": "uuid-1", "source": SOURCE, "attempts": 1}]
+    (retry,) = run.producer.on(INBOUND_TOPIC)
+    paused = retry.pop("retry_after_since", None)
+    assert retry == {"url": "http://example.org/a.jpg", "uuid": "uuid-1", "source": SOURCE, "attempts": 1}
+    assert (paused is not None) == (status in ("429", "503"))  # a pausing answer marks the URL as having waited
     assert run.last_statuses() == [status] and run.redis.integer(RESIZE_ERRORS) == 1
+
+
+@pytest.mark.parametrize("waits", [{"robots_wait_since": 1.7e9}, {"retry_after_since": 1.7e9},
+                                   {"robots_wait_since": 1.7e9, "retry_after_since": 1.7e9 + 5}])
+@pytest.mark.parametrize("result, topic", [(ok(exif_jpeg()), METADATA_TOPIC), (ok(b"", 404), LINK_ROT_TOPIC),
+                                           (ok(b"", 503), CRAWL_ERRORS_TOPIC)])
+async def test_a_url_that_waited_says_since_when_in_its_outcome(result, topic, waits) -> None:
+    run = Run(result, attempts=1)
+    run.request = replace(run.request, robots_wait_since=waits.get("robots_wait_since"),
+                          retry_after_since=waits.get("retry_after_since"))
+    await run()
+    assert all({**message, **waits} == message for message in run.producer.on(topic))
+    assert parse_crawl_request(run.request.to_json()) == run.request
 
 
 async def test_exhausted_retries_end_in_crawl_errors() -> None:

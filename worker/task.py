@@ -21,6 +21,7 @@ in the breaker's windows (``common.statuses.NOT_IN_WINDOWS`` says why).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from contextvars import ContextVar
@@ -47,6 +48,7 @@ from worker.imaging import Analysis
 from worker.thumbnails import ThumbnailRefused, ThumbnailStore
 from worker.shared_memory import Body, SegmentUnavailable
 from worker.politeness.consent import Decision
+from worker.politeness.retry_after import PAUSE_STATUSES
 from worker.politeness.robots import product_token
 from common.robots_tag import applicable_directives, forbids_thumbnail
 from worker.waiting import wait_message
@@ -257,6 +259,8 @@ class ImageTask:
                              ttfb: float | None = None) -> None:
         if request.attempts < self._max_retries:
             retry = replace(request, attempts=request.attempts + 1)
+            if http_status in PAUSE_STATUSES and retry.retry_after_since is None:
+                retry = replace(retry, retry_after_since=time.time())
             await self._send(INBOUND_TOPIC, retry.to_json())
             await self._record(request.source, status, success=False, ttfb=ttfb, terminal=False)
             metrics.outcome(metrics.RETRY)
@@ -276,7 +280,11 @@ class ImageTask:
 
     async def _outcome(self, topic: str, request: CrawlRequest, value: bytes) -> None:
         """Keyed by uuid: a URL's EXIF and quality messages share a partition, in the order sent,
-        so a reader joining them (``url_lists.export``) meets the EXIF first."""
+        so a reader joining them (``url_lists.export``) meets the EXIF first. A URL that waited
+        says since when in its outcome (SPEC.md §1)."""
+        waits = request.waits()
+        if waits:
+            value = json.dumps({**json.loads(value), **waits}).encode()
         await self._send(topic, value, request.uuid)
 
     async def _record(self, source: str, status: str, success: bool, windows: bool = True,

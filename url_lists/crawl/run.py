@@ -108,7 +108,7 @@ class CrawlRun:
     def execute(self) -> int:
         run = checks.start_run(self.options, self.listing.files, new_run_id)
         _log_to(self.state_dir / "logs" / "crawl.log")
-        log_event("crawl_started", run=str(run.run), resumed=run.resumed, fleet=self.distributed,
+        log_event(contracts.EVENT_LIST_CRAWL_STARTED, run=str(run.run), resumed=run.resumed, fleet=self.distributed,
                   files=[str(path) for path in self.listing.files])
         where = ("the fleet at " + self.env.get("KAFKA_HOSTS", "") if self.distributed else
                  f"this machine: the local stack, a monitor and {self.options.processes_count} worker(s)")
@@ -161,7 +161,7 @@ class CrawlRun:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return EXIT_FAILED
         except Exception as exc:  # noqa: BLE001 - a server that did not start, a broker that refused...
-            log_event("crawl_failed", part="command", error=repr(exc))
+            log_event(contracts.EVENT_LIST_CRAWL_FAILED, part="command", error=repr(exc))
             print(f"error: {type(exc).__name__}: {exc}; run the same command again to resume",
                   file=sys.stderr, flush=True)
             return EXIT_FAILED
@@ -174,8 +174,9 @@ class CrawlRun:
             if self.local is not None:
                 self.local.stop()
             totals = self.feed.totals if self.feed else FeedTotals()
-            log_event("crawl_stopped", seconds=round(time.monotonic() - started, 1), errors=self.errors,
-                      rows=totals.rows, bad=totals.bad, produced=totals.produced, already=totals.already)
+            log_event(contracts.EVENT_LIST_CRAWL_STOPPED, seconds=round(time.monotonic() - started, 1),
+                      errors=self.errors, rows=totals.rows, bad=totals.bad, produced=totals.produced,
+                      already=totals.already)
         if self.local is not None:
             self.local.discard_data()  # every shard is published: no thumbnail is needed again
         self._summary(collector, time.monotonic() - started)
@@ -188,7 +189,7 @@ class CrawlRun:
             except Stopped:
                 pass
             except Exception as exc:  # noqa: BLE001 - reported as the crawl's failure, and stops it
-                log_event("crawl_failed", part=name, error=repr(exc))
+                log_event(contracts.EVENT_LIST_CRAWL_FAILED, part=name, error=repr(exc))
                 self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 self.stop.set()
         thread = threading.Thread(target=run, name=name, daemon=True)

@@ -24,8 +24,6 @@ OUTCOME_TOPICS = (contracts.METADATA_TOPIC, contracts.LINK_ROT_TOPIC, contracts.
 X_ROBOTS_TAG_FORBIDS = "XRobotsTagForbidsImage"
 THUMBNAIL_MISSING = "ThumbnailMissing"  # a success whose thumbnail S3 does not have
 # Optional fields of an outcome message saying the URL waited (not in SPEC.md §1 yet).
-ROBOTS_WAIT_FIELD = "robots_wait_since"
-RETRY_AFTER_WAIT_FIELD = "retry_after_since"
 
 
 def _int(value: Any) -> int | None:
@@ -109,8 +107,8 @@ class OutcomeReader:
     def _waits(raw: bytes, outcome: dict[str, Any]) -> None:
         if b'"robots_wait_since"' in raw or b'"retry_after_since"' in raw:
             message = _object(raw) or {}
-            outcome["robots_wait"] = message.get(ROBOTS_WAIT_FIELD) is not None
-            outcome["retry_after_wait"] = message.get(RETRY_AFTER_WAIT_FIELD) is not None
+            outcome["robots_wait"] = message.get(contracts.ROBOTS_WAIT_FIELD) is not None
+            outcome["retry_after_wait"] = message.get(contracts.RETRY_AFTER_WAIT_FIELD) is not None
 
 
 def _object(raw: bytes) -> dict[str, Any] | None:
