@@ -158,17 +158,35 @@ def test_a_shard_waits_for_its_last_row(tmp_path: Path) -> None:
 
 
 def test_an_unknown_outcome_topic_or_field_does_not_stop_it(tmp_path: Path) -> None:
-    """Another part of the crawler may add an outcome (opted-out rows, say) and fields."""
+    """Another part of the crawler may add an outcome and fields."""
     outcomes, thumbnails = FakeOutcomes(), FakeThumbnails()
     shards = write_list(tmp_path, 2, PER_SHARD)
     success(outcomes, thumbnails, 0, consent="given", robots_wait_since=1.0e9)
-    outcomes.add("opted_out", {"identifier": row_identifier(RUN, 1), "reason": "TDMRep"}, 0)
+    outcomes.add("some_new_outcome", {"identifier": row_identifier(RUN, 1), "reason": "why"}, 0)
     run(collector(tmp_path, outcomes, thumbnails), shards)
     rows = {r["key"]: r for r in pq.read_table(tmp_path / "00000.parquet").to_pylist()}
-    assert rows["000000001"]["status"] == "opted_out" and rows["000000001"]["error_message"] == "TDMRep"
+    assert rows["000000001"]["status"] == "some_new_outcome" and rows["000000001"]["error_message"] == "why"
     summary = json.loads((tmp_path / "stats.json").read_text())
-    assert summary["totals"]["other_outcomes"] == {"opted_out": 1}
+    assert summary["totals"]["other_outcomes"] == {"some_new_outcome": 1}
     assert summary["totals"]["waited_for_robots"] == 1
+
+
+def test_an_opted_out_row_ends_with_the_signal_and_value_that_decided(tmp_path: Path) -> None:
+    outcomes, thumbnails = FakeOutcomes(), FakeThumbnails()
+    shards = write_list(tmp_path, 2, PER_SHARD)
+    success(outcomes, thumbnails, 0)
+    outcomes.add("opted_out", {"identifier": row_identifier(RUN, 1), "url": "http://a.test/x.jpg",
+                               "signal": "tdmrep-file", "value": "/photos/* reserved", "status": None,
+                               "retry_after_since": 1.0e9}, 0)
+    c = collector(tmp_path, outcomes, thumbnails)
+    run(c, shards)
+    rows = {r["key"]: r for r in pq.read_table(tmp_path / "00000.parquet").to_pylist()}
+    assert rows["000000001"]["status"] == "opted_out"
+    assert rows["000000001"]["error_message"] == "tdmrep-file: /photos/* reserved"
+    summary = json.loads((tmp_path / "stats.json").read_text())
+    assert summary["totals"]["opted_out"] == {"tdmrep-file": 1} and summary["totals"]["failures_by_site"] == {}
+    assert summary["totals"]["waited_for_retry_after"] == 1
+    assert any("opted out by the site" in line and "tdmrep-file 1" in line for line in c.summary_lines())
 
 
 def test_a_thumbnail_larger_than_the_image_size_is_shrunk(tmp_path: Path) -> None:

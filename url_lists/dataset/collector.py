@@ -216,7 +216,6 @@ class Collector:
             "run": str(self.options.run), "output_format": self.options.output_format,
             "rows_read": expected, "totals": totals,
             "shards_complete": len(self._completed), "shards_open": len(self._shards),
-            "waits_recorded": bool(totals["waited_for_robots"] or totals["waited_for_retry_after"]),
             "rate": self._rate.as_dict(),
         }
 

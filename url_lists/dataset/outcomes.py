@@ -17,13 +17,12 @@ from typing import Any
 
 from common import contracts
 from url_lists.dataset.keys import row_of, run_prefix
-from url_lists.results import ERROR, LINK_ROT, SUCCESS, Joiner
+from url_lists.results import ERROR, LINK_ROT, OPTED_OUT, SUCCESS, Joiner
 
-OUTCOME_TOPICS = (contracts.METADATA_TOPIC, contracts.LINK_ROT_TOPIC, contracts.CRAWL_ERRORS_TOPIC)
+OUTCOME_TOPICS = contracts.OUTCOME_TOPICS
 # A success whose X-Robots-Tag forbids storing the image: the crawler kept no thumbnail.
 X_ROBOTS_TAG_FORBIDS = "XRobotsTagForbidsImage"
 THUMBNAIL_MISSING = "ThumbnailMissing"  # a success whose thumbnail S3 does not have
-# Optional fields of an outcome message saying the URL waited (not in SPEC.md §1 yet).
 
 
 def _int(value: Any) -> int | None:
@@ -85,6 +84,9 @@ class OutcomeReader:
                 outcome.update(status=SUCCESS, thumbnail_key=joined["thumbnail_key"])
         elif kind == LINK_ROT:
             outcome = {"status": LINK_ROT}
+        elif kind == OPTED_OUT:
+            outcome = {"status": OPTED_OUT, "error_message": f"{joined.get('signal')}: {joined.get('signal_value')}",
+                       "http_status": joined.get("status")}
         else:
             outcome = {"status": ERROR, "error_message": joined.get("reason") or "unknown",
                        "http_status": joined.get("status")}

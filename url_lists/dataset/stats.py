@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from url_lists.results import ERROR, LINK_ROT, SUCCESS
+from url_lists.results import ERROR, LINK_ROT, OPTED_OUT, SUCCESS
 
 TOP_SITES = 20
 # The crawl's per-site failure counts keep this many sites; past it, the least failing half is
@@ -37,6 +37,7 @@ class Tally:
     by_reason: Counter[str] = field(default_factory=Counter)
     by_http_status: Counter[str] = field(default_factory=Counter)
     failures_by_site: Counter[str] = field(default_factory=Counter)
+    opted_out: Counter[str] = field(default_factory=Counter)  # by the signal that decided (SPEC.md §1)
     other_outcomes: Counter[str] = field(default_factory=Counter)  # an outcome this code does not know
     waited_for_robots: int = 0
     waited_for_retry_after: int = 0
@@ -64,9 +65,11 @@ class Tally:
                 if self.max_bad_listed is None or len(self.bad) < self.max_bad_listed:
                     self.bad.append({"file": outcome.get("source_file"), "row": outcome.get("source_row"),
                                      "reason": outcome.get("error_message")})
+        elif status == OPTED_OUT:
+            self.opted_out[str(outcome.get("error_message")).partition(":")[0]] += 1
         else:
             self.other_outcomes[str(status)] += 1
-        if status != SUCCESS and site and not outcome.get("bad"):
+        if status not in (SUCCESS, OPTED_OUT) and site and not outcome.get("bad"):  # an opt-out is no failure
             self.failures_by_site[site] += 1
             _prune(self.failures_by_site, MAX_SITES)
         if outcome.get("robots_wait"):
@@ -79,7 +82,7 @@ class Tally:
         for name in ("rows", "successes", LINK_ROT, "errors", "bad_rows", "waited_for_robots",
                      "waited_for_retry_after"):
             setattr(self, name, getattr(self, name) + int(other.get(name, 0)))
-        for name in ("by_reason", "by_http_status", "failures_by_site", "other_outcomes"):
+        for name in ("by_reason", "by_http_status", "failures_by_site", OPTED_OUT, "other_outcomes"):
             getattr(self, name).update({str(k): int(v) for k, v in (other.get(name) or {}).items()})
         _prune(self.failures_by_site, MAX_SITES)
         for bad in other.get("bad") or []:
@@ -95,6 +98,7 @@ class Tally:
             "by_reason": dict(self.by_reason.most_common()),
             "by_http_status": dict(sorted(self.by_http_status.items())),
             "failures_by_site": dict(sites),
+            OPTED_OUT: dict(self.opted_out.most_common()),
             "other_outcomes": dict(self.other_outcomes),
             "waited_for_robots": self.waited_for_robots,
             "waited_for_retry_after": self.waited_for_retry_after,
@@ -110,6 +114,7 @@ def shard_stats(tally: Tally, start: float, end: float) -> dict[str, Any]:
         "duration": end - start, "start_time": start, "end_time": end,
         "status_dict": {SUCCESS: tally.successes, **dict(tally.by_reason), **(
             {LINK_ROT: tally.link_rot} if tally.link_rot else {}), **(
+            {OPTED_OUT: sum(tally.opted_out.values())} if tally.opted_out else {}), **(
             {BAD_ROW: tally.bad_rows} if tally.bad_rows else {})},
         **tally.as_dict(),
     }
@@ -169,14 +174,14 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if totals["failures_by_site"]:
         lines.append(f"sites that failed most (link rot and errors, top {TOP_SITES}): " + ", ".join(
             f"{k} {v:,}" for k, v in totals["failures_by_site"].items()))
+    opted_out = totals.get(OPTED_OUT) or {}
+    if opted_out:
+        lines.append(f"opted out by the site (not crawled): {share(sum(opted_out.values()))}: " + ", ".join(
+            f"{k} {v:,}" for k, v in opted_out.items()))
     if totals["other_outcomes"]:
         lines.append("other outcomes: " + ", ".join(f"{k} {v:,}" for k, v in totals["other_outcomes"].items()))
-    waits = summary.get("waits_recorded")
-    if waits:
-        lines.append(f"waited for robots.txt: {totals['waited_for_robots']:,}; "
-                     f"for a site's Retry-After: {totals['waited_for_retry_after']:,}")
-    else:
-        lines.append("waits for robots.txt or Retry-After: not recorded by these workers' outcome messages")
+    lines.append(f"waited for robots.txt: {totals['waited_for_robots']:,}; "
+                 f"answered 429/503 (a Retry-After pause): {totals['waited_for_retry_after']:,}")
     rate = summary["rate"]
     if rate["outcomes_per_second"] is None:
         lines.append("rate: not measured (the crawl was too short)")
