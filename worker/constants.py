@@ -202,7 +202,7 @@ THROUGHPUT_WARMUP_SECONDS = 5.0  # a source's first seconds of work here are not
 # not yet acknowledged, fast sources' queues) until back at it. docs/decisions.md, issue 44.
 BOUND_OVERSHOOT = 1.5
 ROOM_MIN_END_RATE = 20.0
-ROOM_MAX_AHEAD_SECONDS = 120.0
+ROOM_MAX_AHEAD_SECONDS = 1800.0
 QUEUE_UNRATED = 1000          # URLs of a source queued before its rate is known here (then trimmed)
 QUEUE_MAX_PER_SOURCE = 5000   # URLs; an operator's override of thousands a second queues no more
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed
