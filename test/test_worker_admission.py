@@ -1,13 +1,13 @@
 """Fast sources first while a worker is short of CPU (worker.admission), and what the scheduler
-does with it: slow sources' starts held to the allowance, a source read before its rate waits a
-short turn (the memory bound: test_worker_scheduler)."""
+does with it: slow sources' starts held to the allowance, the partitions that feed a fast source
+kept open near the memory bound, a source read before its rate waits a short turn."""
 from __future__ import annotations
 
 import asyncio
 import time
 
-from common.contracts import CrawlRequest
-from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until
+from common.contracts import URLS_TOPIC, CrawlRequest
+from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until, until
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker import scheduler as scheduler_module
 from worker.admission import Admission
@@ -120,6 +120,27 @@ async def test_a_fast_source_starts_beside_slow_ones_held_to_their_allowance(mon
     await run_until(scheduler, lambda: started.count("fast") >= 20, timeout=5)
     slow_started = len(started) - started.count("fast")
     assert slow_started <= 2 + 2 * SLOW_STARTS_FLOOR, slow_started  # before the limit, then its allowance
+
+
+async def test_near_the_bound_the_partitions_feeding_a_fast_source_stay_open(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    slow = [r for n in range(90) for r in records(f"slow{n}", 1, partition=n % 3, first_offset=n)]
+    feed = FakeFeed(records("fast", 1, partition=3) + slow, batch_size=10)
+    redis = await redis_with({"fast": 100.0} | {f"slow{n}": 0.5 for n in range(90)})
+    scheduler = make(feed, redis, never_ends, max_tasks=5, max_queued=100)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(lambda: "fast" in scheduler._fast and scheduler._queued >= 75)
+        assert not feed.paused  # no fast source's partition known yet: the bound alone pauses
+        feed.records.extend(records("fast", 2, partition=3, first_offset=1))  # back from a wait, say
+        await until(lambda: len(feed.paused) == 3)
+        assert (URLS_TOPIC, 3) not in feed.paused  # the fast source's URLs still come in
+        feed.records.extend(records("fast", 30, partition=3, first_offset=3))
+        await until(lambda: len(feed.paused) == 4)  # at the bound itself: every partition
+        assert scheduler._queued + scheduler._parking >= 100
+    finally:
+        scheduler.stop()
+        await runner
 
 
 async def test_a_source_read_before_its_rate_waits_a_short_turn_not_a_paused_ones(monkeypatch) -> None:

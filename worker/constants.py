@@ -196,13 +196,9 @@ SLOW_STARTS_BURST_SECONDS = 0.25  # the allowance saved up at most
 ADMISSION_REPORT_SECONDS = 10.0   # a worker_slow_sources_held line at most this often while limited
 THROUGHPUT_SMOOTHING = 0.5   # weight of a refresh's measure in a source's throughput here
 THROUGHPUT_WARMUP_SECONDS = 5.0  # a source's first seconds of work here are not measured
-# At MAX_QUEUED_URLS a worker reads on, admitting the fast sources' URLs and parking the others
-# until there is room: one 1/(URLs it ends a second, at least ROOM_MIN_END_RATE) apart, at most
-# ROOM_MAX_AHEAD_SECONDS ahead. Every partition is paused past BOUND_OVERSHOOT x the bound (parks
-# not yet acknowledged, fast sources' queues) until back at it. docs/decisions.md, issue 44.
-BOUND_OVERSHOOT = 1.5
-ROOM_MIN_END_RATE = 20.0
-ROOM_MAX_AHEAD_SECONDS = 1800.0
+# Past this share of MAX_QUEUED_URLS held, the partitions that feed no fast source are paused (all
+# of them at the bound), until half has gone.
+SLOW_PARTITIONS_PAUSE_AT = 0.75
 QUEUE_UNRATED = 1000          # URLs of a source queued before its rate is known here (then trimmed)
 QUEUE_MAX_PER_SOURCE = 5000   # URLs; an operator's override of thousands a second queues no more
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed

@@ -13,11 +13,8 @@ whose queue is full (seconds of its rate), that is slow, paused or backed off,
 has its next URLs parked in a wait topic until the time its rate says they can
 go (``worker.waiting``); a temporarily halted source's wait a turn; a halted
 source's go to ``urls_halted`` until it resumes (``worker.halted_line``). What
-the worker holds is bounded by MAX_QUEUED_URLS: past it the worker reads on, and
-admits only the URLs of fast sources (and one of a source not known here that
-has several URLs, to learn its rate); the others are parked until there is room,
-spaced by the URLs the worker ends a second. Past BOUND_OVERSHOOT of it (parks
-not yet acknowledged, fast queues) every partition is paused until the bound.
+the worker holds is bounded by MAX_QUEUED_URLS: past it every partition is paused
+until half has gone (those that feed a fast source only at the bound itself).
 
 Offsets are committed per partition up to the lowest unfinished message,
 and a task (or a park) finishes only after its outcome is acknowledged, so a
@@ -52,8 +49,7 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LAT
                               FINISHED_FLUSH_INTERVAL, PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS,
                               POLL_BATCH, POLL_TIMEOUT,
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
-                              ROOM_MAX_AHEAD_SECONDS, ROOM_MIN_END_RATE, BOUND_OVERSHOOT, THROUGHPUT_SMOOTHING,
-                              THROUGHPUT_WARMUP_SECONDS)
+                              SLOW_PARTITIONS_PAUSE_AT, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
 from worker.feed import TP, Feed, Record
 from worker.finished import FinishedRecord, Skips
 from worker.offsets import PartitionOffsets, commit_finished, committable_positions
@@ -105,9 +101,7 @@ class Scheduler:
         self._offsets: dict[TP, PartitionOffsets] = {}
         self._assigned: set[TP] = set()
         self._paused: set[TP] = set()              # partitions paused: MAX_QUEUED_URLS (nearly) reached
-        self._seen_at_bound: dict[str, int] = {}  # sources not working here -> URLs read at the bound
-        self._room_at = 0.0                        # when the last URL parked for room comes back (wall clock)
-        self._end_rate = 0.0                       # URLs ended here a second, smoothed
+        self._fast_parts: dict[str, set[TP]] = {}  # fast source -> the partitions its URLs came from
         self._park_at: dict[str, float] = {}       # source -> when its next parked URL may go (wall clock)
         self._limits: dict[str, float] = {}        # source -> its limit (adaptive:{source} ceiling), if parked
         self._paced: set[str] = set()              # sources whose adaptive state was read: _pace is known
@@ -287,49 +281,18 @@ class Scheduler:
             return
         job = Job(tp, record.offset, request)
         source = request.source
+        if source in self._fast:
+            self._fast_parts.setdefault(source, set()).add(tp)
         queue = self._pending.get(source)
         if source in self.halted or source in self._temp_halted or (
                 queue is not None and len(queue) >= self._queue_limit(source)):
             self._park(job, source)
-            return
-        if self._queued + self._parking >= self._max_queued and not self._admit_past_bound(source):
-            if queue is None and not self._inflight.get(source):
-                self._park_for_room(job, source)
-            else:
-                self._park(job, source)
             return
         if queue is None:
             queue = self._pending[source] = deque()
             self._new_work.add(source)
         queue.append(job)
         self._queued += 1
-
-    def _admit_past_bound(self, source: str) -> bool:
-        """At MAX_QUEUED_URLS: a fast source's URL still goes to its queue, and so does the first of
-        a source with no work here whose URLs come more than one at a time (its rate is then read,
-        and it is judged by it); the others wait in Kafka, not in memory."""
-        if source in self.rates:
-            return self._pace(source) >= FAST_SOURCE_RATE
-        if source in self._pending or self._inflight.get(source):
-            return False  # its first URL is here already: the next wait for its rate
-        if len(self._seen_at_bound) > self._max_queued:  # bounded: a count per refresh interval
-            self._seen_at_bound.clear()
-        seen = self._seen_at_bound[source] = self._seen_at_bound.get(source, 0) + 1
-        return seen >= 2
-
-    def _park_for_room(self, job: Job, source: str) -> None:
-        """Park a URL of a source with no work here, read at MAX_QUEUED_URLS, until about when the
-        worker has room for it: one 1/(URLs ended a second) after the last such URL, at most
-        ROOM_MAX_AHEAD_SECONDS ahead (then it is placed again)."""
-        assert job.request is not None
-        now = self._clock()
-        not_before = max(self._room_at, now + PARK_UNJUDGED_SECONDS) + 1.0 / max(self._end_rate, ROOM_MIN_END_RATE)
-        not_before = min(not_before, now + ROOM_MAX_AHEAD_SECONDS)
-        self._room_at = not_before
-        topic, value = wait_message(job.request, not_before, now, job.tp[1])
-        metrics.parked(metrics.PARKED_TO_WAIT)
-        self._parking += 1
-        self._spawn(job, None, self._send_parked(topic, value, job.request))
 
     async def _reject(self, record: Record, error: str) -> float:
         message = rejected_message(record.topic, record.value, error)
@@ -546,16 +509,21 @@ class Scheduler:
 
     # --- flow control and commits -----------------------------------------------
     async def _bound_reading(self) -> None:
-        """Pause every partition while BOUND_OVERSHOOT x MAX_QUEUED_URLS are held here (queued or
-        being parked), resume at the bound: the worker's memory, whatever the number of sources.
+        """Pause every partition while MAX_QUEUED_URLS are held here (queued or being parked),
+        resume at half: the bound on the worker's memory, whatever the number of sources.
 
-        Between the bound and that, reading goes on (``_accept`` admits the fast sources' URLs
-        and parks the others): every partition paused at the bound, the URLs of a 100 req/s
-        source behind 100,000 slow ones' were read only as those drained (no request for 120 s
-        and most of its URLs after 370 s, bench.sources)."""
+        Short of the bound (from SLOW_PARTITIONS_PAUSE_AT of it), and until half has gone, the
+        partitions that feed a fast source stay open: its URLs come back there from their wait,
+        and with every partition paused behind 9,000 URLs of slow sources, a 100 req/s source
+        had no request for 27 s (bench.sources)."""
         held = self._queued + self._parking
-        if held >= self._max_queued * BOUND_OVERSHOOT or (self._paused and held > self._max_queued):
+        self._fast_parts = {s: parts for s, parts in self._fast_parts.items() if s in self._fast}
+        feeding = self._assigned.intersection(set().union(*self._fast_parts.values()))
+        if held >= self._max_queued:
             wanted = set(self._assigned)
+        elif (feeding and held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT) or (
+                self._paused and held > self._max_queued // 2):
+            wanted = self._assigned - feeding
         else:
             wanted = set()
         if wanted != self._paused:
@@ -581,8 +549,6 @@ class Scheduler:
         if self._last_refresh == 0.0 or elapsed <= 0:
             return
         dry, self._ran_dry = self._ran_dry, set()
-        self._seen_at_bound.clear()
-        self._end_rate += THROUGHPUT_SMOOTHING * (sum(ended.values()) / elapsed - self._end_rate)
         for source in measured:  # had work through the whole interval
             if now - self._working_since[source] < THROUGHPUT_WARMUP_SECONDS:
                 continue
