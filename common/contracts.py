@@ -179,6 +179,16 @@ urls_split_key = _keyed("urls_split")
 urls_ended_key = _keyed("urls_ended")
 
 
+# A partition's offsets finished (outcome or park acknowledged) above its commit: a sorted set,
+# member and score the offset, written by the partition's consumer and trimmed below each commit it
+# makes; its next owner skips them (worker.finished). Kafka commits one position a partition, and
+# the local broker drops commit metadata, so this is where "finished above the commit" is kept.
+
+
+def finished_offsets_key(topic: str, partition: int) -> str:
+    return f"finished_offsets:{topic}:{partition}"
+
+
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.
 
 # URL lists (issue 27, SPEC.md §2): the list producer publishes each derived source's count of URLs
@@ -236,6 +246,7 @@ EVENT_WORKER_DRAINING = "worker_draining"
 EVENT_WORKER_METRICS_STARTED = "worker_metrics_started"
 EVENT_WORKER_PARTITIONS = "worker_partitions"
 EVENT_WORKER_REFRESH_FAILED = "worker_refresh_failed"
+EVENT_FINISHED_RECORD_FAILED = "finished_record_failed"
 EVENT_WORKER_STARTED = "worker_started"
 EVENT_WORKER_STOPPED = "worker_stopped"
 # A stop overran its bounds: every thread's stack follows on stderr and the worker exits 1.
@@ -277,7 +288,7 @@ EVENT_LEVELS = {
     EVENT_LIST_INTERRUPTED: _WARNING, EVENT_EXPORT_GAP: _WARNING, EVENT_KAFKA_CLIENT_ERROR: _WARNING,
     EVENT_DATASET_LIMITS_UNREADABLE: _WARNING, EVENT_DATASET_OFFSETS_BY_TIME: _WARNING,
     EVENT_INFRA_RETRY: _WARNING, EVENT_WORKER_TOKENS_FORFEITED: _WARNING, EVENT_DOWNSTREAM_REFUSED: _WARNING,
-    EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
+    EVENT_WORKER_REFRESH_FAILED: _WARNING, EVENT_FINISHED_RECORD_FAILED: _WARNING, EVENT_COMMIT_FAILED: _WARNING,
     EVENT_CONSUMER_FLOW_FAILED: _WARNING, EVENT_STATS_REJECTED: _WARNING,
     EVENT_IMAGE_SHARED_MEMORY_UNAVAILABLE: _WARNING,
     EVENT_LIST_CRAWL_FAILED: _ERROR,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,8 @@ WORKERS = 2
 # host than the default 8 a worker, so that the test's length is the crawl, not the cap.
 CONNECTIONS = 32
 TIMEOUT = 180.0
+# URLs whose site may be asked twice after the SIGKILL: those in flight in the killed worker.
+MAX_ASKED_AGAIN = 300
 
 
 def halted_web(prefix: str, log: Path, held_urls: int) -> tuple[SimWeb, list[Planned], list[Planned]]:
@@ -95,12 +98,18 @@ def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
         # One worker crawls one source at ~75-90 req/s here (docs/decisions.md): the rest takes a while.
         outcomes.wait(max(TIMEOUT, held_urls / 40), fail_if_dead(cluster))
         back = time.monotonic() - resumed
+        asked = Counter(r.path for r in web.sites[held].requests("/missing/"))
+        asked_twice = sum(n - 1 for n in asked.values())
         where = locate(crawl_env["KAFKA_HOSTS"], outcomes.missing()) if outcomes.missing() else ""
     redis.close()
     print(f"\n[halted] others' share of their limits {({k: round(v, 3) for k, v in shares.items()})}; "
-          f"{held_urls} halted URLs ended {back:.0f} s after the resume; duplicates {outcomes.duplicates()}")
+          f"{held_urls} halted URLs ended {back:.0f} s after the resume; duplicates {outcomes.duplicates()}; "
+          f"requested again {asked_twice}")
     assert all(share >= 0.9 for share in shares.values()), shares
     assert not where, f"{len(outcomes.missing())} URLs without an outcome: {where}"
+    # Only what the killed worker had in flight may be asked again: its requests on the site's
+    # connections and the outcomes acknowledged since its last record of them (worker.finished).
+    assert asked_twice <= MAX_ASKED_AGAIN, asked_twice
     assert_outcomes(outcomes, held_plan + others_plan)
     for name, site in web.sites.items():
         limit = HELD_RATE_AFTER_RESUME if name == held else OTHERS[name[len(prefix):]]

@@ -9,7 +9,7 @@ from dataclasses import replace
 from common.contracts import CRAWL_ERRORS_TOPIC, URLS_TOPIC, WAIT_TOPICS, CrawlRequest, parse_crawl_request
 from common.statuses import Status
 from test.test_worker_task import SETTINGS, SOURCE, RefusingProducer, Run
-from test.worker_fakes import FakeFeed, FakeProducer
+from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker.feed import Record
 from worker.fetch import FetchError
 from worker.waiting import hand_back, wait_message, wait_times
@@ -72,7 +72,7 @@ async def test_the_line_hands_back_what_is_due_and_holds_the_rest_uncommitted():
                record(first, 1, 5, again.to_json(not_before=now + 400, due=now - 1)),
                record(first, 1, 6, b"not json")]
     feed, producer = FakeFeed(records), FakeProducer()
-    line = WaitLine(feed, producer)
+    line = WaitLine(feed, producer, FakeRedis())
     running = asyncio.create_task(line.run())
     await asyncio.sleep(0.2)
     assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["due"]
@@ -103,7 +103,7 @@ async def test_a_url_due_later_holds_back_no_url_due_sooner_behind_it(monkeypatc
                      waiting("b", 3, now + 60), waiting("c", 4, now + 60), waiting("d", 5, now - 1)],
                     batch_size=1)
     producer = FakeProducer()
-    line = WaitLine(feed, producer)
+    line = WaitLine(feed, producer, FakeRedis())
     running = asyncio.create_task(line.run())
     await asyncio.sleep(0.3)
     assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["soon"]  # not behind "late"
@@ -136,7 +136,7 @@ async def test_a_hand_back_kafka_refuses_ends_the_url_in_crawl_errors_and_the_li
     request = CrawlRequest("http://h/x", "refused", SOURCE, robots_wait_since=now - 60)
     feed = FakeFeed([record(first, 0, 0, request.to_json(not_before=now - 1, due=now - 1))])
     producer = RefusingProducer(URLS_TOPIC)
-    line = WaitLine(feed, producer)
+    line = WaitLine(feed, producer, FakeRedis())
     running = asyncio.create_task(line.run())
     await asyncio.sleep(0.2)
     line.stop()
@@ -144,3 +144,33 @@ async def test_a_hand_back_kafka_refuses_ends_the_url_in_crawl_errors_and_the_li
     (error,) = producer.on(CRAWL_ERRORS_TOPIC)
     assert (error["identifier"], error["reason"]) == ("refused", "MessageRefused")
     assert feed.committed() == {(first, 0): 1}
+
+
+async def test_a_new_owner_of_a_wait_partition_hands_over_only_what_the_last_one_did_not():
+    """A URL handed back above the wait partition's commit (one due later is held below it) is
+    recorded for the next owner, which does not hand it back a second time after a crash."""
+    now = time.time()
+    first = WAIT_TOPICS[0]
+
+    def waiting(uuid: str, offset: int, due: float) -> Record:
+        return record(first, 0, offset, CrawlRequest("http://h/x", uuid, SOURCE).to_json(not_before=due, due=due))
+    redis = FakeRedis()
+    held = [waiting("later", 0, now + 600), waiting("a", 1, now - 1), waiting("b", 2, now - 1)]
+    feed, producer = FakeFeed(held), FakeProducer()
+    line = WaitLine(feed, producer, redis)
+    running = asyncio.create_task(line.run())
+    await asyncio.sleep(0.3)
+    line.stop()
+    await asyncio.wait_for(running, 5)
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["a", "b"]
+    assert feed.committed().get((first, 0), 0) == 0  # "later" holds the commit
+    # The next owner reads it all again from the commit, and hands back only what is due and new.
+    again = [waiting("later", 0, now - 1), waiting("a", 1, now - 1), waiting("b", 2, now - 1)]
+    feed, producer = FakeFeed(again), FakeProducer()
+    line = WaitLine(feed, producer, redis)
+    running = asyncio.create_task(line.run())
+    await asyncio.sleep(0.3)
+    line.stop()
+    await asyncio.wait_for(running, 5)
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["later"]
+    assert feed.committed()[(first, 0)] == 3

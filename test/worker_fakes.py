@@ -200,6 +200,9 @@ class FakePipeline:
                 members.update(args[1:])
             elif name == "smembers":
                 results.append(set(store.get(args[0], set())))
+            elif name == "zrange":
+                zset = store.get(args[0], {})
+                results.append(sorted(zset, key=zset.__getitem__))
             else:
                 raise NotImplementedError(name)
         return results

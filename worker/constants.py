@@ -163,6 +163,13 @@ NEW_SOURCE_REFRESH = 0.2      # seconds: how soon a source new to this worker ha
 FORGET_ABOVE = 2000
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 OFFER_INTERVAL = 0.1          # seconds between positions offered for a revocation's commit
+# Finished offsets above a partition's commit, kept in Redis for its next owner (worker.finished):
+# written every FINISHED_FLUSH_INTERVAL seconds (what finished since is done again after a crash),
+# kept FINISHED_OFFSETS_TTL seconds after the last write, at most FINISHED_OFFSETS_BUFFER held while
+# Redis does not answer.
+FINISHED_FLUSH_INTERVAL = 0.2
+FINISHED_OFFSETS_TTL = 7 * 24 * 3600
+FINISHED_OFFSETS_BUFFER = 100_000
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
 # A source's queue here holds this many seconds of its rate (or twice its slots, if more);

@@ -44,10 +44,12 @@ def committable_positions(partitions: dict[TP, PartitionOffsets]) -> dict[TP, in
 
 
 async def commit_finished(commit: Callable[[dict[TP, int]], Awaitable[bool]],
-                          partitions: dict[TP, PartitionOffsets]) -> None:
+                          partitions: dict[TP, PartitionOffsets]) -> dict[TP, int]:
     """Commit each partition up to its lowest unfinished offset, where that moved; remember
-    what the broker accepted (a refused commit is retried with the next)."""
+    what the broker accepted (a refused commit is retried with the next) and return it."""
     positions = committable_positions(partitions)
     if positions and await commit(positions):
         for tp, position in positions.items():
             partitions[tp].committed = position
+        return positions
+    return {}

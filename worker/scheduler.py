@@ -46,10 +46,12 @@ from worker.admission import Admission
 from worker.allocation import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, FAST_SOURCE_RATE, FORGET_ABOVE,
                               LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL,
-                              PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, POLL_BATCH, POLL_TIMEOUT,
+                              FINISHED_FLUSH_INTERVAL, PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS,
+                              POLL_BATCH, POLL_TIMEOUT,
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
                               SLOW_PARTITIONS_PAUSE_AT, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
 from worker.feed import TP, Feed, Record
+from worker.finished import FinishedRecord, Skips
 from worker.offsets import PartitionOffsets, commit_finished, committable_positions
 from worker.task import deliver
 from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
@@ -115,6 +117,9 @@ class Scheduler:
         self._last_refresh = 0.0
         self._next_commit = 0.0
         self._next_offer = 0.0
+        self._finished = FinishedRecord(redis)    # offsets finished above the commits, for the next owner
+        self._skips = Skips()                      # offsets a previous owner finished: not read again
+        self._next_flush = 0.0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -139,6 +144,9 @@ class Scheduler:
                     await self._commit()
                 elif now >= self._next_offer:
                     self._offer_positions(now)
+                if now >= self._next_flush:
+                    self._next_flush = now + FINISHED_FLUSH_INTERVAL
+                    await self._finished.flush()
         finally:
             await cancel_and_wait({probe})
             await self._drain()
@@ -223,6 +231,9 @@ class Scheduler:
     async def _rebalanced(self, assigned: list[TP], revoked: list[TP], timing: dict[str, float]) -> None:
         revoked_set = set(revoked)
         cancelled = 0
+        if revoked:
+            await self._finished.flush()  # what finished here, for the next owner
+            self._skips.forget(revoked)
         for tp in revoked:
             # Another worker owns it now (or this one again, from its commit): forget its queued
             # URLs, and stop its crawls. Left to finish, they could not be committed, and were
@@ -240,19 +251,29 @@ class Scheduler:
                 self._set_pending(source, kept)
         self._assigned.update(assigned)
         self._paused -= revoked_set
+        # Before any of their records is taken: what a previous owner finished above the commit.
+        loaded = await self._finished.load(assigned)
+        self._skips.add(loaded)
         if assigned and self._paused:
             await self._feed.pause(assigned)  # the feed starts them unpaused
             self._paused.update(assigned)
         if assigned or revoked:
             log_event(EVENT_WORKER_PARTITIONS, assigned=len(assigned), revoked=len(revoked),
-                      now_owned=len(self._assigned), crawls_stopped=cancelled, **timing)
+                      now_owned=len(self._assigned), crawls_stopped=cancelled,
+                      finished_skipped=sum(len(o) for o in loaded.values()), **timing)
 
     def _accept(self, record: Record) -> None:
         tp = (record.topic, record.partition)
-        offsets = self._offsets.setdefault(tp, PartitionOffsets())
+        offsets = self._offsets.get(tp)
+        if offsets is None:
+            offsets = self._offsets[tp] = PartitionOffsets()
+            self._skips.first_read(tp, record.offset)
         if record.offset in offsets:
             return  # re-delivered while still in progress here
         offsets.add(record.offset)
+        if self._skips.take(tp, record.offset):  # a previous owner's outcome or park: done
+            offsets.finish(record.offset)
+            return
         try:
             request = parse_crawl_request(record.value)
         except InvalidMessage as exc:
@@ -451,6 +472,7 @@ class Scheduler:
             offsets = self._offsets.get(job.tp)
             if offsets is not None:
                 offsets.finish(job.offset)
+                self._finished.finished(job.tp, job.offset)
         except (SourceHalted, ShuttingDown):
             # Halted, or stopping (_drain), while waiting for a token: nothing was sent; the URL
             # waits in Kafka for its turn.
@@ -605,7 +627,7 @@ class Scheduler:
 
     async def _commit(self) -> None:
         self._next_commit = time.monotonic() + COMMIT_INTERVAL
-        await commit_finished(self._feed.commit, self._owned_offsets())
+        self._finished.committed(await commit_finished(self._feed.commit, self._owned_offsets()))
 
     def _owned_offsets(self) -> dict[TP, PartitionOffsets]:
         """The offsets of the partitions this worker owns now: only those may be committed."""
@@ -634,6 +656,7 @@ class Scheduler:
             await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
         await cancel_and_wait(set(self._tasks))
         await self._commit()
+        await self._finished.flush()
 
 
 def _as_rate(raw) -> float | None:

@@ -71,7 +71,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
             # to topics that exist (librdkafka would look for a missing one again only minutes later).
             await persist("kafka_create_topics", lambda: asyncio.to_thread(ensure_worker_topics, settings))
             lines: list[WaitLine | HaltedLine] = [
-                WaitLine(KafkaFeed(wait_consumer, WAIT_GROUP), producer, settings.url_partitions),
+                WaitLine(KafkaFeed(wait_consumer, WAIT_GROUP), producer, redis, settings.url_partitions),
                 HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, lambda: scheduler.halted,
                            settings.url_partitions)]
             loop = asyncio.get_running_loop()

@@ -7,7 +7,8 @@ holds up to WAIT_HELD_PER_PARTITION records of each partition and hands over
 whichever is due, not only the first: a URL due later never holds back one due
 sooner behind it (issue 26). Each partition's commit stays at its lowest record
 not yet handed over (at-least-once); a partition holding its bound is paused
-until half of it has gone.
+until half of it has gone. What it handed over above a commit is recorded for the
+partition's next owner (``worker.finished``), which does not hand it over again.
 """
 from __future__ import annotations
 
@@ -18,21 +19,24 @@ from collections.abc import Callable
 
 from common.contracts import (CRAWL_ERRORS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMessage,
                               crawl_error_message, parse_crawl_request, rejected_message)
-from common.protocols import MessageProducer
+from common.protocols import AsyncRedis, MessageProducer
 from common.statuses import Status
 from worker import metrics
 from worker.constants import POLL_BATCH, WAIT_HELD_PER_PARTITION, WAIT_POLL_SECONDS
 from worker.feed import TP, Feed, Record
+from worker.finished import FinishedRecord, Skips
 from worker.offsets import PartitionOffsets, commit_finished
 from worker.waiting import hand_back, wait_message, wait_times
 from worker.task import deliver
 
 
 class WaitLine:
-    def __init__(self, feed: Feed, producer: MessageProducer, url_partitions: int = 1,
+    def __init__(self, feed: Feed, producer: MessageProducer, redis: AsyncRedis, url_partitions: int = 1,
                  clock: Callable[[], float] = time.time):
         self._feed = feed
         self._producer = producer
+        self._finished = FinishedRecord(redis)
+        self._skips = Skips()
         self._url_partitions = url_partitions
         self._clock = clock
         self._held: dict[TP, list[tuple[float, int, Record]]] = {}  # heaps by (due, offset)
@@ -47,17 +51,27 @@ class WaitLine:
         await self._feed.subscribe(list(WAIT_TOPICS))
         while not self._stopping.is_set():
             batch = await self._feed.poll(POLL_BATCH, WAIT_POLL_SECONDS)
+            if batch.revoked:
+                await self._finished.flush()
+                self._skips.forget(batch.revoked)
             for tp in batch.revoked:  # another worker's now: it reads them again from the commit
                 self._held.pop(tp, None)
                 self._offsets.pop(tp, None)
                 self._paused.discard(tp)
             self._paused.difference_update(batch.assigned)
+            self._skips.add(await self._finished.load(batch.assigned))
             for record in batch.records:
                 tp = (record.topic, record.partition)
-                offsets = self._offsets.setdefault(tp, PartitionOffsets())
+                offsets = self._offsets.get(tp)
+                if offsets is None:
+                    offsets = self._offsets[tp] = PartitionOffsets()
+                    self._skips.first_read(tp, record.offset)
                 if record.offset in offsets:
                     continue  # read again while held (a seek, a pause's refetch)
                 offsets.add(record.offset)
+                if self._skips.take(tp, record.offset):  # handed over by a previous owner
+                    offsets.finish(record.offset)
+                    continue
                 heapq.heappush(self._held.setdefault(tp, []), (wait_times(record.value)[0], record.offset, record))
             await self._hand_over_due()
 
@@ -69,14 +83,17 @@ class WaitLine:
                 due.append(heapq.heappop(heap)[2])
         await asyncio.gather(*(self._hand_over(record, now) for record in due))
         for record in due:
-            self._offsets[(record.topic, record.partition)].finish(record.offset)
+            tp = (record.topic, record.partition)
+            self._offsets[tp].finish(record.offset)
+            self._finished.finished(tp, record.offset)
         full = [tp for tp, heap in self._held.items() if len(heap) >= WAIT_HELD_PER_PARTITION]
         await self._feed.pause([tp for tp in full if tp not in self._paused])
         self._paused.update(full)
         freed = [tp for tp in self._paused if len(self._held.get(tp, ())) <= WAIT_HELD_PER_PARTITION // 2]
         await self._feed.resume(freed)
         self._paused.difference_update(freed)
-        await commit_finished(self._feed.commit, self._offsets)
+        self._finished.committed(await commit_finished(self._feed.commit, self._offsets))
+        await self._finished.flush()
 
     async def _hand_over(self, record: Record, now: float) -> None:
         try:
