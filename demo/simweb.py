@@ -89,6 +89,7 @@ class SiteSpec:
     seed: int = 0
     slots: int = 0               # requests served at once, each for ``latency`` s; 0: no limit
     host: str = HOST             # any 127.x.y.z: distinct hosts get distinct per-host caps
+    port: int = 0                # 0: a free one; a fixed port puts it in URLs known before serving
 
 
 _SO_TIMESTAMPNS = 35  # Linux's option and its control message: a struct timespec per read
@@ -271,7 +272,7 @@ class SimWeb:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             self._runners.append(runner)
-            listener = stamped_listener(site.spec.host)
+            listener = stamped_listener(site.spec.host, site.spec.port)
             await web.SockSite(runner, listener).start()
             site.port = listener.getsockname()[1]
 
