@@ -1,6 +1,6 @@
 """This crawler against img2dataset on one URL list of the simulated web, side by side.
 
-Run by hand: ``.venv/bin/python -m bench.peer_img2dataset [--urls 2000]``. img2dataset
+Run by hand: ``.venv/bin/python -m bench.peer_img2dataset [--urls 2000] [--shape real]``. img2dataset
 lives in its own venv (``bench/.venv-img2dataset``, made on first use with
 ``python3 -m venv`` and pip) because its dependencies clash with ours.
 
@@ -17,6 +17,27 @@ Kafka's consumer group to assign them partitions, a fixed cost per start). CPU i
 ``getrusage(RUSAGE_CHILDREN)`` around each run, so every process of the run
 and their pools count; this crawler's servers (Kafka, Redis, S3), which
 img2dataset does without, are shown apart, read from /proc.
+
+``--shape real`` runs both on a list shaped like a real one (``bench/list_shape.py``,
+``bench/real_web.py``; default 4,000 rows): a few big sites hold a large share of the
+URLs (the busiest 6.5%), most sites have one or two; host names under reserved TLDs
+(``img.shopcdn.example``), each on its own loopback address at port 80, resolved by
+both crawlers from a hosts file only (our workers run as ``test.resolving_worker``;
+img2dataset gets a ``sitecustomize`` on its PYTHONPATH, in every process it starts);
+nothing asks DNS. Most sites answer in 50-300 ms at any rate; four are fragile (2-3
+slots, so their latency climbs past a few concurrent requests); some forbid everything
+in robots.txt, some answer 500 to everything, the busiest answers 500 to 2%, some hosts
+have no server, and 1 URL in 33 is a 404. Both read the same Parquet file: this crawler
+through ``url_lists.list_producer`` (each site rated by its count in the list, as a real
+list crawl is), with every politeness rule on but the private-network guard and the
+per-host cap at its default; ``--env NAME=VALUE`` passes it a setting. Printed for each:
+the time to the last outcome (this crawler's round stops at ``--timeout`` and is reported
+unfinished; URLs of dead hosts wait for their robots.txt by design, so they are counted
+apart), images a second, CPU per image, the busiest site's most requests in a second,
+requests to sites whose robots.txt forbids everything, the circuit breaker's halts; and
+each fragile site's median latency under each crawler against its unloaded median,
+both as the site measures them (arrival to answer; the unloaded one from sequential
+requests before the rounds).
 """
 from __future__ import annotations
 
