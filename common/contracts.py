@@ -145,9 +145,12 @@ MONITOR_LEASE = "monitor_lease"
 # (common.response_times), the monitor's verdict per source, and the operator's switch.
 adaptive_key = _keyed("adaptive")           # hash: effective_rate, ceiling, baseline_ms, recent_ms, ...
 adaptive_off_key = _keyed("adaptive_off")   # set (any value): no adaptation for the source
-# The field of adaptive:{source} holding the source's limit (computed or overridden), req/s; workers
-# size a source's queue and the spacing of its parked URLs by it (worker.scheduler).
+# The field of adaptive:{source} holding the most the back-off may grant the source, req/s: its
+# limit, or capacity discovery's ceiling (DISCOVERY_MAX_RATE) for a source that may discover;
+# workers size a slow-starting source's queue and the spacing of its parked URLs by it (worker.scheduler).
 ADAPTIVE_CEILING_FIELD = "ceiling"
+# The field holding the source's limit: its override, else the rate of its size (SPEC.md §3), req/s.
+ADAPTIVE_LIMIT_FIELD = "limit"
 ADAPTIVE_SLOW_START_FIELD = "slow_start"  # "1" while the source is in its slow start
 
 

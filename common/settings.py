@@ -37,6 +37,12 @@ REPLACED_SETTINGS = {
 }
 
 
+# DISCOVERY_SOURCES: sources rated by a URL list's count (or DEFAULT_SOURCE_RATE), every source
+# without an override, or none.
+DISCOVERY_LISTS, DISCOVERY_ALL, DISCOVERY_NONE = "lists", "all", "none"
+DISCOVERY_SOURCES = (DISCOVERY_LISTS, DISCOVERY_ALL, DISCOVERY_NONE)
+
+
 class SettingsError(ValueError):
     """A setting's value is unusable; the message names the setting."""
 
@@ -70,6 +76,10 @@ class Settings:
     # Issue 27: the rate (req/s) of a source with no size anywhere; None keeps SPEC.md §3's
     # "no tokens, source_unknown".
     default_source_rate: float | None = None
+    # Capacity discovery (crawl_monitor.adaptive, SPEC.md §3): the most a source that may discover
+    # is granted (req/s), and which sources may: "lists" (not in SOURCES_URL), "all" or "none".
+    discovery_max_rate: float = 32.0
+    discovery_sources: str = "lists"
 
     def __post_init__(self) -> None:
         # Half a key pair is a mistake, not a request for some other identity: botocore's
@@ -124,6 +134,8 @@ class Settings:
             robots_unavailable_give_up=get("ROBOTS_UNAVAILABLE_GIVE_UP", _in(float, 0, 365 * 86400),
                                            d.robots_unavailable_give_up),
             default_source_rate=get("DEFAULT_SOURCE_RATE", _in(float, 0.001, 200.0), None),
+            discovery_max_rate=get("DISCOVERY_MAX_RATE", _in(float, 1.0, 1000.0), d.discovery_max_rate),
+            discovery_sources=get("DISCOVERY_SOURCES", _one_of(*DISCOVERY_SOURCES), d.discovery_sources),
         )
 
     def s3_client_kwargs(self) -> dict[str, str]:
@@ -153,6 +165,14 @@ def _in(kind: Callable[[str], N], low: N, high: N) -> Callable[[str], N]:
         if not low <= value <= high:
             raise ValueError(f"must be between {low} and {high}")
         return value
+    return parse
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw.lower() not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return raw.lower()
     return parse
 
 

@@ -75,7 +75,8 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
                           stop: asyncio.Event) -> None:
     session = aiohttp.ClientSession()
     adaptation = Adaptation(redis)
-    regulator = Regulator(redis, adaptation, default_rate=settings.default_source_rate)
+    regulator = Regulator(redis, adaptation, default_rate=settings.default_source_rate,
+                          discovery_max_rate=settings.discovery_max_rate, discovery_sources=settings.discovery_sources)
     breaker = CircuitBreaker(redis)
     monitoring = MonitoringLog(redis)
     dashboard = await _start_dashboard(settings, redis, monitoring)

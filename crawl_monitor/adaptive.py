@@ -101,13 +101,24 @@ def floor_share(ceiling: float) -> float:
     return 1.0 if ceiling <= ADAPTIVE_FLOOR_RPS else ADAPTIVE_FLOOR_RPS / ceiling
 
 
+def top_share(limit: float, cap: float | None) -> float:
+    """The highest multiplier: ``cap`` (capacity discovery's ceiling) over the limit, at least 1."""
+    if cap is None or not limit > 0:
+        return 1.0
+    return max(1.0, cap / limit)
+
+
 SLOW, FAST = "slow", "fast"
 
 
 @dataclass
 class Controller:
     """One source's AIMD state. ``observe`` each completed bucket, in order, and during the
-    slow start ``observe_fresh`` the answers recorded since the last look, every second."""
+    slow start ``observe_fresh`` the answers recorded since the last look, every second.
+
+    The multiplier is of the source's limit (``ceiling`` in the methods: its override or size's
+    rate); ``cap``, when above it, lets the multiplier climb past 1 to cap / limit (capacity
+    discovery): the same slow start and AIMD, with a higher top."""
     multiplier: float = ADAPTIVE_START_SHARE
     slow_start: bool = True           # doubling until the first slow-down
     baseline_ms: float | None = None  # as set at baseline_at; ``baseline(now)`` adds the drift
@@ -117,15 +128,16 @@ class Controller:
     readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))
     fresh: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))  # since the change
 
-    def rate(self, ceiling: float) -> float:
-        return ceiling * max(self.multiplier, floor_share(ceiling))
+    def rate(self, ceiling: float, cap: float | None = None) -> float:
+        return ceiling * min(top_share(ceiling, cap), max(self.multiplier, floor_share(ceiling)))
 
     def baseline(self, now: float) -> float | None:
         if self.baseline_ms is None:
             return None
         return self.baseline_ms * 2 ** (max(0.0, now - self.baseline_at) / ADAPTIVE_BASELINE_DOUBLING_SECONDS)
 
-    def observe(self, reading: Reading, ceiling: float, now: float, enabled: bool = True) -> str:
+    def observe(self, reading: Reading, ceiling: float, now: float, enabled: bool = True,
+                cap: float | None = None) -> str:
         """Take one bucket's answers; change the multiplier if they call for it. Returns the verdict."""
         # Only buckets that had answers are observed, so the window is kept by time, not count.
         window = ADAPTIVE_READINGS_KEPT * RESPONSE_BUCKET_SECONDS
@@ -142,28 +154,28 @@ class Controller:
         if not enabled:
             self.switch_off()
             return OFF
-        lowest = floor_share(ceiling)
+        lowest, top = floor_share(ceiling), top_share(ceiling, cap)
         if self.slow_start:
-            if lowest < 1.0:
+            if lowest < top:
                 return WAIT  # judged each second on the answers as they come (``observe_fresh``)
-            self.multiplier, self.slow_start = 1.0, False  # at most the floor: nothing to start
+            self.multiplier, self.slow_start = top, False  # at most the floor: nothing to start
         bins, overload, total = _merged(r for r in newest if r.start >= self.changed_at)
         if total < ADAPTIVE_MIN_SAMPLES:
             return WAIT
         baseline = self.baseline(now)
         verdict = self._judge(bins, overload, total, baseline)
         if verdict == SLOW:
-            self.multiplier = max(lowest, min(1.0, self.multiplier) * ADAPTIVE_DECREASE)
+            self.multiplier = max(lowest, min(top, self.multiplier) * ADAPTIVE_DECREASE)
             self._changed(now)
             return DOWN
-        if verdict == FAST and self.multiplier < 1.0:
-            step = max(ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE * ceiling) / ceiling
-            self.multiplier = min(1.0, self.multiplier + step)
+        if verdict == FAST and self.multiplier < top:
+            step = max(ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE * ceiling * top) / ceiling
+            self.multiplier = min(top, self.multiplier + step)
             self._changed(now)
             return UP
         return WAIT if baseline is None else HOLD
 
-    def observe_fresh(self, reading: Reading, ceiling: float, now: float) -> str:
+    def observe_fresh(self, reading: Reading, ceiling: float, now: float, cap: float | None = None) -> str:
         """The slow start: answers recorded from ``reading.start`` to ``now``. Double once a
         few answers to requests made after the last change are as fast as at first; at the
         first slow-down halve, back to the last rate answered fast, and end the slow start."""
@@ -181,15 +193,15 @@ class Controller:
         if median is not None and (baseline is None or median < baseline):
             self.baseline_ms, self.baseline_at = median, now
         verdict = self._judge(bins, overload, total, self.baseline(now))
-        lowest = floor_share(ceiling)
+        lowest, top = floor_share(ceiling), top_share(ceiling, cap)
         if verdict == SLOW:
-            self.multiplier = max(lowest, max(self.multiplier, lowest) / 2)
+            self.multiplier = max(lowest, min(top, max(self.multiplier, lowest)) / 2)
             self.slow_start = False
             self._changed(now)
             return DOWN
         if verdict == FAST:
-            self.multiplier = min(1.0, max(self.multiplier, lowest) * 2)
-            self.slow_start = self.multiplier < 1.0
+            self.multiplier = min(top, max(self.multiplier, lowest) * 2)
+            self.slow_start = self.multiplier < top
             self._changed(now)
             return UP
         return HOLD
@@ -219,9 +231,10 @@ class Controller:
         self.multiplier, self.slow_start = 1.0, False
 
     # --- kept in Redis (adaptive:{source}), so another monitor continues from here
-    def saved(self, ceiling: float, enabled: bool) -> dict[str, str]:
-        fields = {"effective_rate": self.rate(ceiling) if enabled else ceiling,
-                  contracts.ADAPTIVE_CEILING_FIELD: ceiling,
+    def saved(self, ceiling: float, enabled: bool, cap: float | None = None) -> dict[str, str]:
+        top = ceiling * top_share(ceiling, cap) if enabled else ceiling
+        fields = {"effective_rate": self.rate(ceiling, cap) if enabled else ceiling,
+                  contracts.ADAPTIVE_LIMIT_FIELD: ceiling, contracts.ADAPTIVE_CEILING_FIELD: top,
                   "multiplier": self.multiplier, contracts.ADAPTIVE_SLOW_START_FIELD: int(self.slow_start),
                   "enabled": int(enabled),
                   "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
@@ -236,7 +249,7 @@ class Controller:
         values = {as_text(k): finite_number(v) for k, v in raw.items()}
         controller = cls()
         multiplier = values.get("multiplier")
-        if multiplier is not None and 0 < multiplier <= 1:
+        if multiplier is not None and multiplier > 0:
             controller.multiplier = multiplier
             controller.slow_start = values.get(contracts.ADAPTIVE_SLOW_START_FIELD) == 1
         baseline, baseline_at = values.get("baseline_ms"), values.get("baseline_at")
@@ -257,9 +270,10 @@ class Adaptation:
         self._clock = clock
         self.controllers: dict[str, Controller] = {}
         self._ceilings: dict[str, float] = {}
+        self._caps: dict[str, float | None] = {}  # capacity discovery's ceiling, for the sources that may discover
         self.disabled: set[str] = set()
         self._next_bucket: int | None = None
-        self._saved_as: dict[str, tuple[float, bool]] = {}  # source -> (ceiling, enabled) last saved
+        self._saved_as: dict[str, tuple[float, float | None, bool]] = {}  # (ceiling, cap, enabled) last saved
         self._asked_at: dict[str, float] = {}  # source -> when the regulator last asked (its clock)
         self._next_forget = 0.0
         # Slow-starting source -> (when last read, its open buckets' counts then), for the answers since.
@@ -285,16 +299,18 @@ class Adaptation:
             if switch is not None:
                 self.disabled.add(source)
 
-    def effective(self, source: str, ceiling: float) -> float:
-        """The rate to grant a source whose limit is ``ceiling`` (req/s) this second."""
+    def effective(self, source: str, ceiling: float, cap: float | None = None) -> float:
+        """The rate to grant a source whose limit is ``ceiling`` (req/s) this second; one that may
+        discover its capacity climbs up to ``cap`` while its answers stay fast."""
         self._ceilings[source] = ceiling
+        self._caps[source] = cap
         self._asked_at[source] = self._clock()
         controller = self.controllers.get(source)
         if controller is None:  # not met (``meet``): a new source
             controller = self.controllers[source] = Controller()
         if source in self.disabled:
             return ceiling
-        return controller.rate(ceiling)
+        return controller.rate(ceiling, cap)
 
     async def update(self) -> None:
         """Once a second: the switches, the buckets that ended,
@@ -346,7 +362,7 @@ class Adaptation:
                 if bins or overload:
                     observed.add(source)
                     self.controllers[source].observe(Reading(start, bins, overload), self._ceilings[source], now,
-                                                     enabled=source not in self.disabled)
+                                                     enabled=source not in self.disabled, cap=self._caps[source])
         raw_open = iter(opened)
         fresh = {source: self._since_last_look(source, {start: next(raw_open) for start in open_buckets}, now)
                  for source in starting}
@@ -354,7 +370,7 @@ class Adaptation:
         for source, reading in fresh.items():
             if reading.total and self._slow_starting(source):  # not if restored or switched off meanwhile
                 observed.add(source)
-                self.controllers[source].observe_fresh(reading, self._ceilings[source], now)
+                self.controllers[source].observe_fresh(reading, self._ceilings[source], now, self._caps[source])
         await self._save(observed, sources)
 
     def _forget_unasked(self, now: float) -> None:
@@ -363,7 +379,7 @@ class Adaptation:
         self._next_forget = now + ADAPTIVE_ASKED_SECONDS
         gone = [s for s, at in self._asked_at.items() if at < now - ADAPTIVE_FORGET_SECONDS]
         for source in gone:
-            for kept in (self._asked_at, self.controllers, self._ceilings, self._saved_as):
+            for kept in (self._asked_at, self.controllers, self._ceilings, self._caps, self._saved_as):
                 kept.pop(source, None)
             self.disabled.discard(source)
 
@@ -386,14 +402,14 @@ class Adaptation:
         """In slow start below its ceiling: judged on its answers every second."""
         ceiling = self._ceilings[source]
         return (self.controllers[source].slow_start and source not in self.disabled
-                and floor_share(ceiling) < 1.0)
+                and floor_share(ceiling) < top_share(ceiling, self._caps[source]))
 
     async def _save(self, observed: set[str], sources: list[str]) -> None:
         """``adaptive:{source}`` of the sources just judged and of those whose ceiling or switch
         changed; a judged source's expiry is renewed, so a quiet hour ends its state."""
         changed = []
         for source in sources:
-            seen_as = (self._ceilings[source], source not in self.disabled)
+            seen_as = (self._ceilings[source], self._caps[source], source not in self.disabled)
             if source in observed or self._saved_as.get(source) != seen_as:
                 self._saved_as[source] = seen_as
                 changed.append(source)
@@ -403,6 +419,6 @@ class Adaptation:
             for source in changed:
                 key = contracts.adaptive_key(source)
                 pipe.hset(key, mapping=self.controllers[source].saved(self._ceilings[source],
-                                                                      source not in self.disabled))
+                                                                      source not in self.disabled, self._caps[source]))
                 pipe.expire(key, ADAPTIVE_STATE_TTL_SECONDS)
             await pipe.execute()

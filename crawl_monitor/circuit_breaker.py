@@ -2,14 +2,17 @@
 
 Workers record every request's status; this reads those records once a second, for the
 sources with an outcome in the last minute (``active_sources``) and the paused ones.
-A surge (over 10% errors in the last minute) pauses the source until the
-minute's ratio falls back; 50 failures in a row halt it until an operator
-looks (``srem halted {source}``). Only unexpected statuses count as errors:
-a 404 is the site working as it should.
+A surge (errors in the last minute above 10% with confidence: the Wilson score lower bound
+of their share) pauses the source until the minute no longer shows it; 50 failures in a
+row halt it until an operator looks (``srem halted {source}``). Only unexpected statuses
+count as errors: a 404 is the site working as it should. A URL counts one error at most in the
+minute window (a retried URL's failure after a failed attempt is not in it), the last-50 list
+holds every attempt.
 """
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 from common import contracts
@@ -20,7 +23,8 @@ from common.source_sets import stopped_among
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import active_scores, active_since, forget_quiet
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BREAKER_FULL_PASS_SECONDS, BUCKET_TRIM_SECONDS,
-                                     TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES, TEMP_HALT_WINDOW_SECONDS)
+                                     TEMP_HALT_CONFIDENCE_Z, TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
+                                     TEMP_HALT_WINDOW_SECONDS)
 
 
 
@@ -29,12 +33,21 @@ def status_of(member: str) -> str:
     return member.partition(":")[0]
 
 
+def wilson_lower_bound(errors: int, total: int, z: float = TEMP_HALT_CONFIDENCE_Z) -> float:
+    """The Wilson score interval's lower end for ``errors`` of ``total`` (0 for none)."""
+    if total <= 0:
+        return 0.0
+    share = errors / total
+    spread = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total))
+    return (share + z * z / (2 * total) - spread) / (1 + z * z / total)
+
+
 def surge_of_errors(statuses: list[str]) -> bool:
-    """More than 10% errors, among enough requests to judge."""
+    """Errors above 10% with confidence (docs/decisions.md, "The breaker halts for errors")."""
     if len(statuses) < TEMP_HALT_MIN_SAMPLES:
         return False
     errors = sum(1 for status in statuses if not is_expected(status))
-    return errors > TEMP_HALT_ERROR_RATIO * len(statuses)
+    return wilson_lower_bound(errors, len(statuses)) > TEMP_HALT_ERROR_RATIO
 
 
 def every_request_failed(last_statuses: list[str]) -> bool:

@@ -32,8 +32,9 @@ UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60
 # --- Circuit breaker (SPEC.md §3).
 BREAKER_CHECK_SECONDS = 1.0
 BREAKER_FULL_PASS_SECONDS = 10.0  # between these, a check reads only sources with new outcomes
-TEMP_HALT_ERROR_RATIO = 0.10        # strictly more than this halts
-TEMP_HALT_MIN_SAMPLES = 10          # fewer requests in the minute say too little to judge
+TEMP_HALT_ERROR_RATIO = 0.10        # an error share above this with confidence halts...
+TEMP_HALT_CONFIDENCE_Z = 1.645      # ... its Wilson lower bound at 95% one-sided
+TEMP_HALT_MIN_SAMPLES = 20          # fewer outcomes in the minute say too little to judge
 TEMP_HALT_WINDOW_SECONDS = 60
 BUCKET_TRIM_SECONDS = 60  # how often the hour and twelve-hour count windows drop old buckets
 

@@ -86,16 +86,19 @@ def _fmt(value: float | None) -> str:
 def format_status(sources: dict[str, SourceState]) -> str:
     if not sources:
         return f"no sources yet ({INBOUND_SOURCES} is empty)"
-    lines = [f"{'SOURCE':<24} {'STATE':<7} {'LIMIT':>8} {'OVERRIDE':>8} {'ALLOWED':>8} {'RESP MS':>11} "
+    lines = [f"{'SOURCE':<24} {'STATE':<7} {'LIMIT':>8} {'OVERRIDE':>8} {'CEILING':>8} {'ALLOWED':>8} {'RESP MS':>11} "
              f"{'TOKENS':>7} {'REQUESTS':>10} {'SUCCESSES':>10} {'BACKLOG':>9}  ERRORS"]
     for name, s in sources.items():
         state = HALTED if s.halted else "paused" if s.temp_halted else "ok"  # named after its set
         errors = ", ".join(f"{status}: {n}" for status, n in sorted(s.errors.items(), key=lambda e: -e[1]))
-        # LIMIT: computed or overridden; ALLOWED: what the adaptive back-off grants of it now.
-        limit = s.ceiling if s.ceiling is not None else s.rate_limit
+        # LIMIT: computed or overridden; CEILING: the most it may be granted (capacity discovery's
+        # ceiling, else the limit); ALLOWED: what the adaptive back-off grants now.
+        limit = next((rate for rate in (s.limit, s.ceiling, s.rate_limit) if rate is not None), None)
+        ceiling = s.ceiling if s.ceiling is not None else limit
         allowed = _fmt(s.rate_limit) if s.adaptive else "off"
         response = f"{_fmt(_whole(s.baseline_ms))}/{_fmt(_whole(s.recent_ms))}"
-        lines.append(f"{name:<24} {state:<7} {_fmt(limit):>8} {_fmt(s.override):>8} {allowed:>8} {response:>11} "
+        lines.append(f"{name:<24} {state:<7} {_fmt(limit):>8} {_fmt(s.override):>8} {_fmt(ceiling):>8} {allowed:>8} "
+                     f"{response:>11} "
                      f"{_fmt(s.tokens):>7} {s.requests:>10} {s.successes:>10} {s.backlog:>9}  "
                      f"{s.error_total}{f' ({errors})' if errors else ''}")
     return "\n".join(lines)

@@ -29,6 +29,8 @@ Endpoints:
   ``crawler_source_requests_total``, ``crawler_source_successes_total``,
   ``crawler_source_errors_total`` (label ``status``),
   ``crawler_source_limit_requests_per_second`` (the computed or overridden rate),
+  ``crawler_source_ceiling_requests_per_second`` (the most it may be granted: the limit,
+  or capacity discovery's ceiling),
   ``crawler_source_granted_requests_per_second`` (what the monitor grants now),
   ``crawler_source_tokens``, ``crawler_source_halted``, ``crawler_source_temp_halted``
   (0 or 1), the adaptive back-off's ``crawler_source_response_seconds`` (label
@@ -100,8 +102,11 @@ class SourcesCollector(Collector):
             CounterMetricFamily("crawler_source_successes", "Images resized (num_resized:{source}).",
                                 labels=["source"]),
             GaugeMetricFamily("crawler_source_limit_requests_per_second", "The source's rate limit: computed "
-                              "from its size or overridden (adaptive:{source} ceiling, else override_rate).",
+                              "from its size or overridden (adaptive:{source} limit, else override_rate).",
                               labels=["source"]),
+            GaugeMetricFamily("crawler_source_ceiling_requests_per_second", "The most the monitor may grant: the "
+                              "limit, or DISCOVERY_MAX_RATE while the source may discover its capacity "
+                              "(adaptive:{source} ceiling).", labels=["source"]),
             GaugeMetricFamily("crawler_source_granted_requests_per_second", "Rate the monitor grants now: the "
                               "limit as the adaptive back-off allows it, 0 while stopped (rate_limit:{source}).",
                               labels=["source"]),
@@ -112,7 +117,7 @@ class SourcesCollector(Collector):
             GaugeMetricFamily("crawler_source_temp_halted", "1 if the source is paused for an error surge "
                               "(temp_halted).", labels=["source"]),
         ]
-        requests, successes, limit, granted, tokens, halted, temp_halted = per_source
+        requests, successes, limit, ceiling, granted, tokens, halted, temp_halted = per_source
         errors = CounterMetricFamily("crawler_source_errors", "Failures by status "
                                      "(resize_errors:{source}:{status}).", labels=["source", "status"])
         response = GaugeMetricFamily("crawler_source_response_seconds", "Median time to first byte: the site's "
@@ -124,9 +129,12 @@ class SourcesCollector(Collector):
         for source, state in self.sources.items():
             requests.add_metric([source], state.requests)
             successes.add_metric([source], state.successes)
-            ceiling = state.ceiling if state.ceiling is not None else state.override
-            if ceiling is not None:
-                limit.add_metric([source], ceiling)
+            own = next((rate for rate in (state.limit, state.ceiling, state.override) if rate is not None), None)
+            if own is not None:
+                limit.add_metric([source], own)
+            top = state.ceiling if state.ceiling is not None else own
+            if top is not None:
+                ceiling.add_metric([source], top)
             if state.rate_limit is not None:
                 granted.add_metric([source], state.rate_limit)
             if state.tokens is not None:

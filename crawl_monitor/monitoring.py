@@ -144,8 +144,12 @@ def _within(budget: int, entries: Iterable[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def adaptive_view(raw: dict) -> dict[str, Any]:
-    """``effective_rate`` (what the adaptive back-off allows, req/s; None before its first
-    verdict) and ``response_ms`` {baseline, recent} from ``adaptive:{source}``."""
+    """From ``adaptive:{source}`` (None before its first verdict): ``limit`` (the rate of its size,
+    or its override), ``ceiling`` (the most it may be granted: the limit, or capacity discovery's
+    ceiling), ``effective_rate`` (what the adaptive back-off allows now, req/s) and
+    ``response_ms`` {baseline, recent}."""
     values = {as_text(k): finite_number(v) for k, v in raw.items()}
-    return {"effective_rate": values.get("effective_rate"),
+    return {"limit": values.get(contracts.ADAPTIVE_LIMIT_FIELD),
+            "ceiling": values.get(contracts.ADAPTIVE_CEILING_FIELD),
+            "effective_rate": values.get("effective_rate"),
             "response_ms": {"baseline": values.get("baseline_ms"), "recent": values.get("recent_ms")}}

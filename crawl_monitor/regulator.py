@@ -22,6 +22,7 @@ from common.jsonlog import log_event
 from common.source_sets import stopped_among
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis
+from common.settings import DISCOVERY_ALL, DISCOVERY_LISTS, DISCOVERY_NONE
 from crawl_monitor.active_sources import active_since
 from crawl_monitor.adaptive import Adaptation
 from crawl_monitor.constants import (ACTIVE_SOURCES_TICK_SECONDS, BUCKET_TTL_MS, LIST_SIZES_REFRESH_SECONDS,
@@ -43,6 +44,19 @@ return n
 # Float sums such as 0.1 * 10 land a hair under the whole number they mean.
 _EPSILON = 1e-9
 
+# Where a source's limit comes from (``Regulator._configured_rate``).
+OVERRIDE, CATALOG, LIST, DEFAULT = "override", "catalog", "list", "default"
+
+
+def discovery_cap(kind: str, limit: float, sources: str, max_rate: float) -> float | None:
+    """The most capacity discovery may grant a source whose ``limit`` comes from ``kind``, or None
+    when it may not discover: never past an override, nor a catalog source unless ``sources`` is
+    ``all``; never below the limit itself."""
+    if kind == OVERRIDE or sources == DISCOVERY_NONE or (kind == CATALOG and sources != DISCOVERY_ALL):
+        return None
+    assert sources in (DISCOVERY_LISTS, DISCOVERY_ALL), sources
+    return max(limit, max_rate)
+
 
 class Regulator:
     """Decides each source's tokens for the coming second and writes them to Redis.
@@ -53,15 +67,19 @@ class Regulator:
     issue 27), which wins over ``DEFAULT_SOURCE_RATE``; a source with none of them
     gets nothing and is reported. A halted, temporarily halted or Retry-After-paused source
     gets an explicit 0 whatever its rate. Any other is granted what ``adaptation`` (the
-    adaptive back-off, ``crawl_monitor.adaptive``) makes of its rate, if there is one.
+    adaptive back-off, ``crawl_monitor.adaptive``) makes of its rate, if there is one; a
+    source that may discover its capacity (``discovery_sources``: DISCOVERY_SOURCES) up to
+    ``discovery_max_rate`` while its site answers at its unloaded speed.
     """
 
     def __init__(self, redis: AsyncRedis, adaptation: Adaptation | None = None,
-                 default_rate: float | None = None):
+                 default_rate: float | None = None, discovery_max_rate: float = 0.0,
+                 discovery_sources: str = DISCOVERY_NONE):
         self._redis = redis
         self._refill = redis.register_script(REFILL)
         self._adaptation = adaptation
         self._default_rate = default_rate
+        self._discovery = (discovery_sources, discovery_max_rate)
         self._computed: dict[str, float] = {}
         # From list_source_sizes: a source is looked up there the first second it has URLs and
         # no size in SOURCES_URL, and every LIST_SIZES_REFRESH_SECONDS after (a list being
@@ -76,6 +94,7 @@ class Regulator:
         self._unknown_reported_at: dict[str, float] = {}
         self.rates: dict[str, float] = {}                # effective rates granted by the last tick
         self._limits: dict[str, float] = {}              # configured rates (override or size) seen by ticks
+        self._caps: dict[str, float] = {}                # of those that may discover: the most they may get
 
     def set_sizes(self, sizes: dict[str, int]) -> None:
         """Adopt a freshly loaded sources list (source -> image count)."""
@@ -108,9 +127,15 @@ class Regulator:
         configured: dict[str, float | None] = {}
         held: set[str] = set()  # halted, temporarily halted or paused: 0 whatever its rate
         for source, override, retry_after in zip(sources, overrides, retry_afters, strict=True):
-            configured[source] = rate = self._configured_rate(source, override)
+            rate, kind = self._configured_rate(source, override)
+            configured[source] = rate
             if rate is not None:
                 self._limits[source] = rate
+                cap = None if self._adaptation is None else discovery_cap(kind, rate, *self._discovery)
+                if cap is None:
+                    self._caps.pop(source, None)
+                else:
+                    self._caps[source] = cap
                 if source in halted or source in temp_halted or self._paused(source, retry_after, now):
                     held.add(source)
         if self._adaptation is not None:
@@ -125,7 +150,8 @@ class Regulator:
             elif source in held:
                 rate = 0.0
             else:
-                rate = limit if self._adaptation is None else self._adaptation.effective(source, limit)
+                rate = (limit if self._adaptation is None
+                        else self._adaptation.effective(source, limit, self._caps.get(source)))
             grants[source] = self._take_tokens(source, rate)
             rates[source] = rate
 
@@ -138,17 +164,24 @@ class Regulator:
         ticked = set(sources)
         self._credit = {s: credit for s, credit in self._credit.items() if s in ticked}
         self._limits = {s: limit for s, limit in self._limits.items() if s in ticked}
+        self._caps = {s: cap for s, cap in self._caps.items() if s in ticked}
         self._from_lists = {s: rate for s, rate in self._from_lists.items() if s in ticked}
         self._pauses = {s: pause for s, pause in self._pauses.items() if s in ticked or pause[1] > now}
         self._unknown_reported_at = {s: at for s, at in self._unknown_reported_at.items()
                                      if now - at < UNKNOWN_SOURCE_REPORT_SECONDS}
 
     def limit_of(self, source: str) -> float | None:
-        """The source's limit (an override, else its size's rate), for the splitter to spread
-        its URLs by; None for a source never ticked and not in the sources list. Read from the
-        splitter's thread: a dict lookup, no state changed."""
-        limit = self._limits.get(source)
-        return self._computed.get(source) if limit is None else limit
+        """The most the source may be granted (capacity discovery's ceiling, else its override or
+        its size's rate), for the splitter to spread its URLs by: a worker crawls one partition at
+        most at its own speed; None for a source never ticked and not in the sources list. Read
+        from the splitter's thread: dict lookups, no state changed."""
+        limit = self._caps.get(source, self._limits.get(source))
+        if limit is not None:
+            return limit
+        computed = self._computed.get(source)
+        kind, size_rate = (LIST, 0.0) if computed is None else (CATALOG, computed)
+        cap = None if self._adaptation is None else discovery_cap(kind, size_rate, *self._discovery)
+        return computed if cap is None else cap
 
     def _adopt_list_sizes(self, sources: list[str], counts: list[str | None]) -> None:
         for source, count in zip(sources, counts, strict=True):
@@ -188,15 +221,17 @@ class Regulator:
         self._credit[source] = max(0.0, credit - tokens)
         return tokens
 
-    def _configured_rate(self, source: str, override: str | None) -> float | None:
-        rate = self._number(contracts.override_rate_key(source), source, override)
+    def _configured_rate(self, source: str, override: str | None) -> tuple[float | None, str]:
+        """The source's limit and where it comes from (OVERRIDE, CATALOG, LIST or DEFAULT)."""
+        rate, kind = self._number(contracts.override_rate_key(source), source, override), OVERRIDE
         if rate is None:
-            rate = self._computed.get(source)
+            rate, kind = self._computed.get(source), CATALOG
         if rate is None:
-            rate = self._from_lists.get(source, self._default_rate)
+            rate, kind = (self._from_lists[source], LIST) if source in self._from_lists else (self._default_rate,
+                                                                                                DEFAULT)
         if rate is not None:
             self._unknown_reported_at.pop(source, None)
-        return rate
+        return rate, kind
 
     def _report_unknown(self, source: str, now: float) -> None:
         """Once, then again every few minutes while it lasts: a log line a second is noise."""

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (ADAPTIVE_CEILING_FIELD, adaptive_key, adaptive_off_key, error_statuses_key, errors_key,
+from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adaptive_key, adaptive_off_key,
+                              error_statuses_key, errors_key,
                               override_rate_key, rate_limit_key, resized_key, source_requests_key, tokens_key,
                               urls_ended_key, urls_split_key)
 from common.redis_values import as_text, count, finite_number
@@ -29,8 +30,10 @@ class SourceState:
     tokens: int | None = None
     halted: bool = False
     temp_halted: bool = False
-    # The adaptive back-off (adaptive:{source}): the limit it works under (computed or
-    # overridden), what it allows of it, and the response times it judges by.
+    # The adaptive back-off (adaptive:{source}): the source's limit (computed or overridden),
+    # the most it may grant (the limit, or capacity discovery's ceiling), what it allows now,
+    # and the response times it judges by.
+    limit: float | None = None
     ceiling: float | None = None
     effective_rate: float | None = None
     baseline_ms: float | None = None
@@ -66,7 +69,7 @@ async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, 
 
 
 # SourceState's fields read from adaptive:{source}, under the same names there.
-_ADAPTIVE_FIELDS = (ADAPTIVE_CEILING_FIELD, "effective_rate", "baseline_ms", "recent_ms")
+_ADAPTIVE_FIELDS = (ADAPTIVE_LIMIT_FIELD, ADAPTIVE_CEILING_FIELD, "effective_rate", "baseline_ms", "recent_ms")
 
 
 def _whole(number: float | None) -> int | None:

@@ -175,24 +175,29 @@ def test_state_survives_a_monitor_restart_and_junk_starts_afresh() -> None:
     assert (fresh.multiplier, fresh.slow_start, fresh.baseline_ms) == (Controller().multiplier, True, None)
 
 
-def model_site(enabled: bool, seconds: float = 120, dt: float = 0.05) -> tuple[float, float]:
+def model_site(enabled: bool, seconds: float = 120, dt: float = 0.05, limit: float = 40, cap: float | None = None,
+               slots: int = 2, latency: float = 0.2, grants: list[float] | None = None) -> tuple[float, float]:
     """A fluid model of the issue's site, 2 slots x 0.2 s behind 40 req/s, at most 24 requests
     in flight (8 per host per worker, 3 workers): (median response after a minute, req/s served).
     Answers are recorded when they come; the monitor looks once a second, as ``Adaptation`` does:
-    the buckets that ended a second ago, then (in slow start) the answers since its last look."""
+    the buckets that ended a second ago, then (in slow start) the answers since its last look.
+    ``cap``: capacity discovery's ceiling; ``grants`` collects the rate granted at each step."""
     c, queue, t, credit = Controller(), 0.0, T0, 0.0
+    capacity = slots / latency
     pending: list[tuple[float, float]] = []  # (answered at, response s)
     buckets: dict[int, dict[int, int]] = {}
     since_look: dict[int, int] = {}
     looked = T0
     responses, served = [], 0.0
     while t < T0 + seconds:
-        rate = c.rate(40) if enabled else 40
+        rate = c.rate(limit, cap) if enabled else limit
+        if grants is not None:
+            grants.append(rate)
         arrived = min(rate * dt, max(0.0, 24 - queue))
         queue += arrived
-        done = min(queue, 10 * dt)
+        done = min(queue, capacity * dt)
         queue -= done
-        response = 0.2 + max(0.0, queue - 2) / 10
+        response = latency + max(0.0, queue - slots) / capacity
         credit += arrived
         while credit >= 1:
             credit -= 1
@@ -207,9 +212,9 @@ def model_site(enabled: bool, seconds: float = 120, dt: float = 0.05) -> tuple[f
                 bins[bin_of(answer[1])] = bins.get(bin_of(answer[1]), 0) + 1
         if t >= looked + 1:
             for start in sorted(b for b in buckets if b + RESPONSE_BUCKET_SECONDS + 1 <= t):
-                c.observe(Reading(start, buckets.pop(start)), 40, t, enabled)
+                c.observe(Reading(start, buckets.pop(start)), limit, t, enabled, cap=cap)
             if enabled and since_look and c.slow_start:
-                c.observe_fresh(Reading(looked, since_look), 40, t)
+                c.observe_fresh(Reading(looked, since_look), limit, t, cap)
             since_look, looked = {}, t
     return statistics.median(responses), served / (seconds - 60)
 
@@ -219,6 +224,35 @@ def test_the_model_site_stays_responsive_and_busy_only_with_adaptation() -> None
     assert median <= 0.6 and served >= 4, (median, served)
     median, served = model_site(enabled=False)
     assert median > 2 and served == pytest.approx(10, rel=0.05)
+
+
+@pytest.mark.parametrize("slots, latency, cap", [(6, 0.2, 40), (3, 0.1, 40), (30, 0.5, 40), (2, 0.05, 32)])
+def test_discovery_holds_a_list_site_near_its_capacity_and_never_above_the_ceiling(slots, latency, cap) -> None:
+    """A 1 req/s list site that can take ``slots / latency`` (30-60 req/s): discovery climbs past
+    its limit to near that capacity, its median within 3x unloaded, and never past ``cap``."""
+    grants: list[float] = []
+    median, served = model_site(enabled=True, seconds=180, limit=1, cap=cap, slots=slots, latency=latency,
+                                grants=grants)
+    capacity = min(slots / latency, cap)
+    assert median <= 3 * latency and served >= 0.6 * capacity, (median, served)
+    assert max(grants) <= cap
+
+
+def test_discovery_climbs_only_while_answers_stay_fast() -> None:
+    """Multiplicatively in the slow start, then by steps; never past the cap; down at the first slow-down."""
+    c = Controller()
+    assert c.rate(1, 32) == 1  # a 1 req/s list site starts at its limit...
+    rates = []
+    for i in range(8):
+        c.observe_fresh(fresh(T0 + i, 30), 1, T0 + i + 1, 32)
+        rates.append(c.rate(1, 32))
+    assert rates == [2, 4, 8, 16, 32, 32, 32, 32] and not c.slow_start  # ... and doubles to the cap
+    assert c.observe(reading(T0 + 20, 300), 1, T0 + 23, cap=32) == DOWN  # 10x its unloaded time
+    assert c.rate(1, 32) == pytest.approx(32 * 0.7)
+    assert c.observe(reading(T0 + 24, 30), 1, T0 + 27, cap=32) == UP
+    assert c.rate(1, 32) == pytest.approx(32 * 0.7 + 1)  # + max(1 req/s, 2% of the cap)
+    assert c.rate(1) == 1 and c.rate(1, None) == 1  # no cap (discovery off, an override): its limit
+    assert c.rate(40, 32) == 40  # a cap below the limit never lowers it
 
 
 def answered(store, source: str, at: float, seconds: float, times: int) -> None:

@@ -11,7 +11,8 @@ from test.test_monitor_fakes import FakeAsyncRedis, FakeStore, RecordingStore
 
 GENERAL = {"global_max_rps", "error_rps", "processing_rate", "success_rps", "circuit_breaker_tripped",
            "num_resized", "resize_errors", "split_rate", "sources_total", "sources_listed", "sources_stopped"}
-SPECIFIC = {"successful", "error", "last_50_statuses", "rate_limit", "effective_rate", "response_ms", "backlog"}
+SPECIFIC = {"successful", "error", "last_50_statuses", "rate_limit", "limit", "ceiling", "effective_rate",
+            "response_ms", "backlog"}
 MAX_LINE_BYTES = 256 * 1024  # issue 26: one line stays under 256 KiB
 
 
@@ -38,7 +39,7 @@ async def test_update_has_exactly_the_spec_fields_and_rates_over_the_interval(ca
     store.set(contracts.rate_limit_key("flickr"), 178.5)
     store.set(contracts.rate_limit_key("phylopic"), 0.0)
     store.set(contracts.resized_key("flickr"), 40)
-    store.hset(contracts.adaptive_key("flickr"), mapping={"effective_rate": "178.5", "ceiling": "178.5",
+    store.hset(contracts.adaptive_key("flickr"), mapping={"effective_rate": "178.5", "limit": "2", "ceiling": "178.5",
                                                           "baseline_ms": "210.5", "recent_ms": "250"})
     store.set(contracts.errors_key("phylopic"), 7)
     store.set(contracts.urls_split_key("flickr"), 100)
@@ -65,10 +66,11 @@ async def test_update_has_exactly_the_spec_fields_and_rates_over_the_interval(ca
     assert all(set(entry) == SPECIFIC for entry in update["specific"].values())
     assert update["specific"]["flickr"] == {
         "successful": 40, "error": 0, "last_50_statuses": {"200": 48, "404": 1, "500": 1}, "rate_limit": 178.5,
-        "effective_rate": 178.5, "response_ms": {"baseline": 210.5, "recent": 250.0}, "backlog": 42}
+        "limit": 2.0, "ceiling": 178.5, "effective_rate": 178.5, "response_ms": {"baseline": 210.5, "recent": 250.0},
+        "backlog": 42}
     assert update["specific"]["phylopic"]["error"] == 7
     # Before the adaptive back-off's first verdict on a source: no numbers, the same keys.
-    assert update["specific"]["phylopic"]["effective_rate"] is None
+    assert update["specific"]["phylopic"]["effective_rate"] is None is update["specific"]["phylopic"]["ceiling"]
     assert update["specific"]["phylopic"]["response_ms"] == {"baseline": None, "recent": None}
     assert monitoring.latest is update
     lines = capsys.readouterr().out.splitlines()

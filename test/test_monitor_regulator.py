@@ -281,3 +281,40 @@ async def test_a_default_rate_crawls_a_source_with_no_size_at_all(redis, capsys)
     await redis.zadd(contracts.ACTIVE_SOURCES, {"nowhere.example": T0})
     assert [(await regulator.tick(T0 + s))["nowhere.example"] for s in range(4)] in ([2, 3, 2, 3], [3, 2, 3, 2])
     assert not events(capsys, contracts.EVENT_SOURCE_UNKNOWN)
+
+
+@pytest.mark.parametrize("kind, limit, sources, cap", [
+    ("list", 1.0, "lists", 32.0), ("default", 2.5, "lists", 32.0), ("catalog", 1.0, "lists", None),
+    ("catalog", 1.0, "all", 32.0), ("override", 1.0, "all", None), ("list", 1.0, "none", None),
+    ("list", 100.0, "lists", 100.0),  # a limit above the ceiling is never lowered by it
+])
+def test_which_sources_may_discover_and_up_to_what(kind, limit, sources, cap) -> None:
+    from crawl_monitor.regulator import discovery_cap
+    assert discovery_cap(kind, limit, sources, 32.0) == cap
+
+
+async def test_a_list_site_is_granted_what_it_discovers_and_an_override_pins_it(redis) -> None:
+    """Capacity discovery: a list site (and, with DISCOVERY_SOURCES=all, a catalog one) may be
+    granted past its size's rate up to DISCOVERY_MAX_RATE; an override and a catalog site keep theirs."""
+    from crawl_monitor.adaptive import Adaptation, Controller
+    adaptation = Adaptation(redis, clock=lambda: T0)
+    regulator = Regulator(redis, adaptation, discovery_max_rate=32.0, discovery_sources="lists")
+    regulator.set_sizes({"catalog.example": 5_000})
+    await redis.hincrby(contracts.LIST_SOURCE_SIZES, "list.example", 30)
+    await redis.hincrby(contracts.LIST_SOURCE_SIZES, "pinned.example", 30)
+    await redis.set(contracts.override_rate_key("pinned.example"), "3")
+    activate(redis, "catalog.example", "list.example", "pinned.example")
+    assert regulator.limit_of("list.example") == 32.0  # spread for the ceiling before its first tick
+    assert regulator.limit_of("catalog.example") == 1.0
+    await regulator.tick(T0)
+    assert regulator.rates == {"catalog.example": 1.0, "list.example": 1.0, "pinned.example": 1.0}
+    for source in regulator.rates:  # as if each had answered fast at every doubling
+        adaptation.controllers[source] = Controller(multiplier=50.0, slow_start=False)
+    grants = await regulator.tick(T0 + 1)
+    assert grants == {"catalog.example": 1, "list.example": 32, "pinned.example": 3}
+    assert redis.store.get(contracts.rate_limit_key("list.example")) == "32.0"  # what the workers pace by
+    assert (regulator.limit_of("list.example"), regulator.limit_of("pinned.example")) == (32.0, 3.0)
+    assert contracts.url_shards(regulator.limit_of("list.example")) == 2
+    await adaptation.update()
+    saved = redis.store.hgetall(contracts.adaptive_key("list.example"))
+    assert (saved["limit"], saved["ceiling"], saved["effective_rate"]) == ("1", "32", "32")

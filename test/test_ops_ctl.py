@@ -36,11 +36,12 @@ async def test_status_lists_every_source_with_its_state(redis_url, redis_client)
     assert lines[0].split()[:3] == ["SOURCE", "STATE", "LIMIT"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["phylopic"][1] == "halted" and rows["animaldiversity"][1] == "paused"
-    # The limit (computed or overridden), what the adaptive back-off allows of it, its response times.
-    assert rows["flickr"][1:9] == ["ok", "200", "-", "178.38", "210/450", "120", "13250", "13188"]
-    assert rows["phylopic"][4] == "off" and rows["animaldiversity"][4:6] == ["0.50", "-/-"]
-    assert [rows[s][9] for s in ("flickr", "animaldiversity", "phylopic")] == ["6790", "0", "9932"]  # BACKLOG
-    assert lines[0].split()[10] == "BACKLOG"  # after RESP MS, two words
+    # The limit (computed or overridden), the ceiling (capacity discovery's), what the adaptive
+    # back-off allows now, its response times.
+    assert rows["flickr"][1:10] == ["ok", "120", "-", "200", "178.38", "210/450", "120", "13250", "13188"]
+    assert rows["phylopic"][5] == "off" and rows["animaldiversity"][2:7] == ["0.50", "0.50", "0.50", "0.50", "-/-"]
+    assert [rows[s][10] for s in ("flickr", "animaldiversity", "phylopic")] == ["6790", "0", "9932"]  # BACKLOG
+    assert lines[0].split()[11] == "BACKLOG"  # after RESP MS, two words
     assert "22 (500: 20, Timeout: 2)" in table.stdout
     as_json = json.loads(ctl(redis_url, "status", "--json").stdout)
     assert as_json["animaldiversity"]["override"] == 0.5

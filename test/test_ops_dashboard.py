@@ -122,12 +122,15 @@ async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
     assert "178.38" in rows["flickr"] and "override 0.5" in rows["animaldiversity"]
     assert "500×20" in rows["flickr"] and "Timeout×2" in rows["flickr"] and "200×48" in rows["flickr"]
     assert "13,188" in rows["flickr"]
-    assert [cells[s][8] for s in ("flickr", "animaldiversity", "phylopic")] == ["6,790", "0", "9,932"]  # backlog
+    assert [cells[s][9] for s in ("flickr", "animaldiversity", "phylopic")] == ["6,790", "0", "9,932"]  # backlog
     assert page["omitted"].startswith("and 1 more sources with nothing crawled"), page["omitted"]
-    assert 10 < float(cells["flickr"][5]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
-    # Its limit, what the adaptive back-off allows of it, and the response times it judges by.
-    assert cells["flickr"][2:5] == ["200", "178.38", "210 / 450"], rows["flickr"]
-    assert "adaptation off" in cells["phylopic"][3]
+    assert 10 < float(cells["flickr"][6]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
+    # Its limit, its capacity discovery ceiling, what the adaptive back-off allows now, and the
+    # response times it judges by.
+    assert [cells["flickr"][i] for i in (2, 4, 5)] == ["120", "178.38", "210 / 450"], rows["flickr"]
+    assert cells["flickr"][3].startswith("200") and "discovery" in cells["flickr"][3], rows["flickr"]
+    assert "discovery" not in cells["animaldiversity"][3]
+    assert "adaptation off" in cells["phylopic"][4]
     assert page["polylines"] >= 4
     assert "phylopic" in page["general"] and page["banner_hidden"]
     assert screenshot.stat().st_size > 10_000

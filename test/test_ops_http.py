@@ -38,8 +38,9 @@ async def seed(redis) -> None:
         c.errors_key("flickr"): 22,  # the per-source total is not a status
         c.errors_key("retired", "500"): 9,  # nor is a source no longer in inbound_sources
     })
-    # The adaptive back-off slowed flickr below its limit; an operator switched it off for phylopic.
-    await redis.hset(c.adaptive_key("flickr"), mapping={"ceiling": 200, "effective_rate": 178.375,
+    # flickr discovered its capacity past its size's 120 req/s (DISCOVERY_SOURCES=all) and the back-off
+    # then slowed it below the ceiling; an operator switched the back-off off for phylopic.
+    await redis.hset(c.adaptive_key("flickr"), mapping={"limit": 120, "ceiling": 200, "effective_rate": 178.375,
                                                          "baseline_ms": 210.4, "recent_ms": 450.2})
     await redis.set(c.adaptive_off_key("phylopic"), 1)
     # As workers write them beside each status counter: which counters exist.
@@ -104,8 +105,10 @@ async def test_metrics_expose_every_source_from_redis(redis_client) -> None:
     assert value("crawler_source_errors_total", "flickr", status="Timeout") == 2
     assert value("crawler_source_errors_total", "phylopic", status="500") == 50
     assert value("crawler_source_granted_requests_per_second", "flickr") == 178.375
-    assert value("crawler_source_limit_requests_per_second", "flickr") == 200  # adaptive:flickr ceiling
+    assert value("crawler_source_limit_requests_per_second", "flickr") == 120  # adaptive:flickr limit
+    assert value("crawler_source_ceiling_requests_per_second", "flickr") == 200  # its discovery ceiling
     assert value("crawler_source_limit_requests_per_second", "animaldiversity") == 0.5  # its override
+    assert value("crawler_source_ceiling_requests_per_second", "animaldiversity") == 0.5
     assert ("crawler_source_limit_requests_per_second", (("source", "phylopic"),)) not in samples  # not yet known
     assert value("crawler_source_tokens", "flickr") == 120
     assert [value("crawler_source_halted", s) for s in ("flickr", "animaldiversity", "phylopic")] == [0, 0, 1]
@@ -173,8 +176,8 @@ async def test_status_has_the_latest_update_live_sources_and_history(redis_clien
     assert (flickr["rate_limit"], flickr["tokens"], flickr["error_total"]) == (178.375, 120, 22)
     assert body["sources"]["phylopic"]["halted"] and body["sources"]["animaldiversity"]["temp_halted"]
     assert body["sources"]["animaldiversity"]["override"] == 0.5
-    assert (flickr["ceiling"], flickr["effective_rate"], flickr["baseline_ms"], flickr["recent_ms"],
-            flickr["adaptive"]) == (200, 178.375, 210.4, 450.2, True)
+    assert (flickr["limit"], flickr["ceiling"], flickr["effective_rate"], flickr["baseline_ms"], flickr["recent_ms"],
+            flickr["adaptive"]) == (120, 200, 178.375, 210.4, 450.2, True)
     assert body["sources"]["phylopic"]["adaptive"] is False
     assert len(body["history"]) >= 3
     assert any((s["sources"]["flickr"]["rps"] or 0) > 0 for s in body["history"])

@@ -16,6 +16,12 @@ def test_defaults_match_the_spec() -> None:
     assert (s.target_resolution, s.max_retries, s.url_partitions, s.max_queued_urls) == (640, 1, 256, 10_000)
     assert s.s3_endpoint_url is None and s.crawl_allow_private_networks is False
     assert (s.robots_cache_bytes, s.robots_unavailable_give_up) == (64 << 20, 86400)
+    assert (s.discovery_max_rate, s.discovery_sources) == (32.0, "lists")
+
+
+@pytest.mark.parametrize("raw, parsed", [("lists", "lists"), ("ALL", "all"), ("none", "none")])
+def test_discovery_sources_is_one_of_three(raw: str, parsed: str) -> None:
+    assert Settings.from_env({"DISCOVERY_SOURCES": raw, "DISCOVERY_MAX_RATE": "40"}).discovery_sources == parsed
 
 
 @pytest.mark.parametrize("name,value", [
@@ -23,6 +29,7 @@ def test_defaults_match_the_spec() -> None:
     ("URL_PARTITIONS", "0"), ("MAX_QUEUED_URLS", "1"), ("REDIS_URL", "localhost:6379"), ("KAFKA_HOSTS", "localhost"),
     ("S3_ENDPOINT_URL", "s3.local"), ("CRAWL_ALLOW_PRIVATE_NETWORKS", "maybe"), ("CRAWL_USER_AGENT", "x"),
     ("ROBOTS_CACHE_BYTES", "1000"), ("ROBOTS_UNAVAILABLE_GIVE_UP", "-1"),
+    ("DISCOVERY_MAX_RATE", "0"), ("DISCOVERY_MAX_RATE", "fast"), ("DISCOVERY_SOURCES", "catalog"),
 ])
 def test_bad_values_name_the_setting(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):

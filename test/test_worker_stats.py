@@ -58,3 +58,20 @@ async def test_the_fake_runs_the_script_as_redis_does() -> None:
     assert fake.integer(contracts.errors_key("src")) == 2 and fake.integer(contracts.resized_key("src")) == 1
     assert fake.store[contracts.error_statuses_key("src")] == {"503", "RobotsDisallowed"}
     assert fake.integer(contracts.urls_ended_key("src")) == 2
+    assert sorted(m.split(":")[0] for m in fake.store[contracts.one_minute_window_key("src")]) == ["200", "503"]
+
+
+async def test_a_retried_url_counts_one_error_in_the_breakers_minute(redis_client) -> None:
+    """A 500 retried and failing again is one error in status60s (its last 50 and counters hold both);
+    a retry that succeeds, or ends in an expected status, counts as such."""
+    stats = Stats(redis_client)
+    await stats.record("twice", "500", success=False, ttfb=0.1, terminal=False)
+    await stats.record("twice", "500", success=False, ttfb=0.1, terminal=True, retried=True)
+    await stats.record("twice", "Timeout", success=False, terminal=False)
+    await stats.record("twice", "200", success=True, ttfb=0.1, terminal=True, retried=True)
+    await stats.record("twice", "UnidentifiedImageError", success=False, ttfb=0.1, terminal=True, retried=True)
+    minute = sorted(m.split(":")[0] for m in await redis_client.zrange(contracts.one_minute_window_key("twice"), 0, -1))
+    assert minute == ["200", "500", "Timeout", "UnidentifiedImageError"]
+    assert await redis_client.lrange(contracts.last_50_key("twice"), 0, -1) == [
+        "500", "500", "Timeout", "200", "UnidentifiedImageError"]
+    assert await redis_client.get(contracts.errors_key("twice", "500")) == "2"

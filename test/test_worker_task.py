@@ -146,6 +146,9 @@ async def test_exhausted_retries_end_in_crawl_errors() -> None:
         "identifier": "uuid-1", "url": "http://example.org/a.jpg", "source": SOURCE,
         "reason": "HTTP 503", "status": 503, "attempts": 1}
     assert "time" in error
+    # Its first attempt's 503 is the URL's one error in the breaker's minute; the last 50 holds this one too.
+    assert not run.redis.store.get(status_window_key("status60s", SOURCE))
+    assert run.last_statuses() == ["503"]
 
 
 @pytest.mark.parametrize("result, reason, status", [

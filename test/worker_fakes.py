@@ -79,7 +79,8 @@ class FakeRedis:
                 pipe.hincrby(keys[3], field, 1)
             if fields and str(args[8]) != "0":
                 pipe.expire(keys[3], int(args[8]))
-            pipe.zadd(keys[1], {args[4]: now})
+            if args[4] != "":
+                pipe.zadd(keys[1], {args[4]: now})
             if args[5] != "":
                 pipe.zremrangebyscore(keys[1], "-inf", float(args[5]))
                 pipe.expire(keys[1], int(args[12]))

@@ -3,9 +3,10 @@
 Each outcome is one pipeline (one round trip). The breaker's one-minute window
 (``status60s``) is a sorted set scored by wall-clock Unix seconds, because every
 worker host writes it; members carry a random suffix so two identical statuses in
-one instant both count. The hour and twelve-hour windows are counts per time
-bucket (``HINCRBY``): a month at 200 requests a second must not keep a member per
-request (``status12hr`` alone would hold 8.6 million).
+one instant both count. A URL counts one error there at most: a retried URL's failure
+after a failed attempt is left out (its success is not). The hour and twelve-hour windows
+are counts per time bucket (``HINCRBY``): a month
+at 200 requests a second must not keep a member per request (``status12hr`` alone would hold 8.6 million).
 
 Response times (``response_ms:{source}:{bucket}``, ``common.response_times``) are counts
 in latency bins per two-second bucket, for the monitor's adaptive back-off: a key per
@@ -46,14 +47,14 @@ from common.contracts import ACTIVE_SOURCES, response_times_key, urls_ended_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_TTL_SECONDS, bin_of, bucket_start
-from common.statuses import is_overload
+from common.statuses import is_expected, is_overload
 from worker.constants import STATS_FORGET_SECONDS, STATS_TRIM_INTERVAL
 
 
 # KEYS: active_sources, the minute window, the last 50, the response bucket, urls_ended, the
 # count windows (ARGV[10] of them), then the counters: num_resized and resized:{source} for a
 # success; resize_errors, errors:{source}, errors:{source}:{status} and error_statuses:{source} else.
-# ARGV: 1 now, 2 source, 3 windows (1/0), 4 status, 5 the minute window's member, 6 trim the
+# ARGV: 1 now, 2 source, 3 windows (1/0), 4 status, 5 the minute window's member ('': not in it), 6 trim the
 # minute window up to this score ('' : not now), 7 the last-50 length, 8 the response bins
 # (space-separated, may be none), 9 the response bucket's expiry (0: already set), 10 count
 # windows, 11 success (1/0), 12 terminal (1/0), 13 the minute window's expiry (at a trim),
@@ -75,7 +76,7 @@ if ARGV[3] == '1' then
     fields = fields + 1
   end
   if fields > 0 and ARGV[9] ~= '0' then call('EXPIRE', KEYS[4], ARGV[9]) end
-  call('ZADD', KEYS[2], now, ARGV[5])
+  if ARGV[5] ~= '' then call('ZADD', KEYS[2], now, ARGV[5]) end
   if ARGV[6] ~= '' then
     call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[6])
     call('EXPIRE', KEYS[2], ARGV[13])
@@ -126,10 +127,11 @@ class Stats:
         self._expiring = {s: start for s, start in self._expiring.items() if start > now - STATS_FORGET_SECONDS}
 
     async def record(self, source: str, status: str, success: bool, windows: bool = True,
-                     ttfb: float | None = None, *, terminal: bool) -> None:
+                     ttfb: float | None = None, *, terminal: bool, retried: bool = False) -> None:
         """Count an outcome; ``windows=False`` keeps it out of the breakers' windows (no request was made).
         ``ttfb``: the response's time to first byte in seconds; None when no response came.
-        ``terminal``: the URL's end (success, link rot, crawl error), not a retry: it leaves the backlog."""
+        ``terminal``: the URL's end (success, link rot, crawl error), not a retry: it leaves the backlog.
+        ``retried``: an attempt after a failed one, whose error the minute window already holds."""
         now = time.time()
         self._forget_quiet(now)
         bucket = bucket_start(now)
@@ -153,7 +155,9 @@ class Stats:
             keys += [NUM_RESIZED, resized_key(source)]
         else:
             keys += [RESIZE_ERRORS, errors_key(source), errors_key(source, status), error_statuses_key(source)]
-        args = [repr(now), source, int(windows), status, f"{status}:{os.urandom(6).hex()}",
+        counted_before = retried and not is_expected(status)
+        member = "" if counted_before else f"{status}:{os.urandom(6).hex()}"
+        args = [repr(now), source, int(windows), status, member,
                 repr(now - MINUTE_WINDOW_SECONDS) if trim else "", LAST_50_LENGTH, " ".join(bins),
                 response_expiry, len(STATUS_COUNT_WINDOWS), int(success), int(terminal),
                 # Renewed at trims only: each member outlives its minute until the next one.

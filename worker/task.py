@@ -253,7 +253,8 @@ class ImageTask:
                     windows: bool = True, ttfb: float | None = None) -> None:
         reason = f"HTTP {status}" if status.isdigit() else status
         await self._outcome(CRAWL_ERRORS_TOPIC, request, crawl_error_message(request, reason, http_status))
-        await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb, terminal=True)
+        await self._record(request.source, status, success=False, windows=windows, ttfb=ttfb, terminal=True,
+                           retried=request.attempts > 0)
         metrics.outcome(metrics.CRAWL_ERROR)
 
     async def _send(self, topic: str, value: bytes, key: str | None = None) -> None:
@@ -265,10 +266,11 @@ class ImageTask:
         await self._send(topic, value, request.uuid)
 
     async def _record(self, source: str, status: str, success: bool, windows: bool = True,
-                      ttfb: float | None = None, *, terminal: bool) -> None:
-        """``terminal``: the URL's one outcome (it leaves its source's backlog); False for a retry."""
+                      ttfb: float | None = None, *, terminal: bool, retried: bool = False) -> None:
+        """``terminal``: the URL's one outcome (it leaves its source's backlog); False for a retry.
+        ``retried``: a failure after a failed attempt (the breaker counts one error a URL)."""
         await persist("redis_stats", lambda: self._stats.record(source, status, success, windows, ttfb,
-                                                                terminal=terminal))
+                                                                terminal=terminal, retried=retried))
 
 
 def _header_values(headers: Mapping[str, str], name: str) -> list[Any]:

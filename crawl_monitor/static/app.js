@@ -113,13 +113,18 @@ function statusList(counts, cls) {
 
 function sourceRow(name, s, specific, now) {
   const state = s.halted ? ["halted", "halted"] : s.temp_halted ? ["paused", "paused"] : ["ok", "ok"];
-  // The limit is the computed or overridden rate; the adaptive back-off allows up to it.
-  const ceiling = s.ceiling !== null && s.ceiling !== undefined ? s.ceiling : s.rate_limit;
-  const limit = el("td", { class: "num" }, fmt(ceiling, 2));
+  // The limit is the computed or overridden rate; the ceiling the most the adaptive back-off
+  // may allow (above the limit while capacity discovery may raise the source to it).
+  const known = v => v !== null && v !== undefined;
+  const own = known(s.limit) ? s.limit : known(s.ceiling) ? s.ceiling : s.rate_limit;
+  const ceiling = known(s.ceiling) ? s.ceiling : own;
+  const limit = el("td", { class: "num" }, fmt(own, 2));
+  const top = el("td", { class: "num" }, fmt(ceiling, 2));
+  if (known(own) && ceiling > own) top.append(el("span", { class: "override" }, "discovery"));
   if (s.override !== null) limit.append(el("span", { class: "override" }, `override ${fmt(s.override, 2)}`));
   const allowed = el("td", { class: "num" }, fmt(s.rate_limit, 2));
   if (s.adaptive === false) allowed.append(el("span", { class: "override" }, "adaptation off"));
-  else if (s.rate_limit !== null && ceiling && s.rate_limit < ceiling && !s.halted && !s.temp_halted)
+  else if (s.rate_limit !== null && own && s.rate_limit < own && !s.halted && !s.temp_halted)
     allowed.classList.add("slowed");
   const response = el("td", { class: "num" }, `${fmt(s.baseline_ms, 0)} / ${fmt(s.recent_ms, 0)}`);
   const use = ceiling && s.achieved_rps !== null ? Math.min(1, s.achieved_rps / ceiling) : 0;
@@ -133,10 +138,11 @@ function sourceRow(name, s, specific, now) {
     el("td", {}, el("strong", {}, name)),
     el("td", {}, el("span", { class: `badge ${state[1]}` }, state[0])),
     limit,
+    top,
     allowed,
     response,
     el("td", { class: "num" }, fmt(s.achieved_rps, 2)),
-    el("td", { title: `${Math.round(use * 100)}% of the limit` },
+    el("td", { title: `${Math.round(use * 100)}% of the ceiling` },
       el("div", { class: "bar" }, el("span", { style: `width:${(use * 100).toFixed(0)}%` }))),
     el("td", { class: "num" }, fmt(s.successes, 0)),
     el("td", { class: "num" }, fmt(s.backlog, 0)),
