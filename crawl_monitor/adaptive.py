@@ -310,6 +310,8 @@ class Adaptation:
             controller = self.controllers[source] = Controller()
         if source in self.disabled:
             return ceiling
+        # A multiplier past the top now (discovery switched off, a lower cap) is not kept for later.
+        controller.multiplier = min(controller.multiplier, top_share(ceiling, cap))
         return controller.rate(ceiling, cap)
 
     async def update(self) -> None:

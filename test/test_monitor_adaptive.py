@@ -355,3 +355,13 @@ def test_a_source_answering_now_and_then_is_judged_on_the_last_minute_only() -> 
     controller.observe(Reading(T0 + 2 * RESPONSE_BUCKET_SECONDS * ADAPTIVE_READINGS_KEPT, {bin_of(0.2): 1}), 10,
                        T0 + 120)
     assert [r.start for r in controller.readings] == [T0 + 2 * RESPONSE_BUCKET_SECONDS * ADAPTIVE_READINGS_KEPT]
+
+
+def test_a_discovered_rate_is_not_kept_while_discovery_is_off() -> None:
+    """Switched off (an override, DISCOVERY_SOURCES=none), a source falls to its limit at once, and
+    switched back on it climbs again from there rather than jumping to what it had found."""
+    adaptation = Adaptation(FakeAsyncRedis(), clock=lambda: T0)
+    adaptation.controllers["site"] = Controller(multiplier=20.0, slow_start=False)
+    assert adaptation.effective("site", 1.0, 32.0) == 20.0
+    assert adaptation.effective("site", 1.0) == 1.0
+    assert adaptation.effective("site", 1.0, 32.0) == 1.0

@@ -282,8 +282,8 @@ def test_monitor_halts_a_failing_source_and_the_operator_runbook_resumes_it(
         assert set(update["general"]) == {"global_max_rps", "error_rps", "processing_rate", "success_rps",
                                           "circuit_breaker_tripped", "num_resized", "resize_errors", "split_rate",
                                           "sources_total", "sources_listed", "sources_stopped"}
-        assert set(update["specific"][source]) == {"successful", "error", "last_50_statuses", "rate_limit",
-                                                   "effective_rate", "response_ms", "backlog"}
+        assert set(update["specific"][source]) == {"successful", "error", "last_50_statuses", "rate_limit", "limit",
+                                                   "ceiling", "effective_rate", "response_ms", "backlog"}
     finally:
         returncode = monitor.stop()
     assert returncode == 0, monitor.process.stderr.read()[-2000:]
