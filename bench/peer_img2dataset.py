@@ -221,6 +221,9 @@ class RealRun:
     saw: SitesSaw
     server_cpu: float | None = None  # this crawler's servers (Kafka, Redis, S3)
     halts: tuple[int, int] = (0, 0)  # the breaker's halts of the busiest site, of all sites
+    first_request: float = 0.0       # seconds from the start to the sites' first image request
+    span: float = 0.0                # seconds from the sites' first image request to their last
+    busiest_done: float = 0.0        # seconds from the start to the busiest site's last image request
     waiting: dict[str, int] = field(default_factory=dict)  # site -> its URLs without an outcome
 
     def row(self, urls: int) -> str:
@@ -228,22 +231,29 @@ class RealRun:
         servers = "-" if self.server_cpu is None else f"{(self.cpu + self.server_cpu) / max(1, self.images) * 1000:.1f}"
         return (f"{self.system:<14}{last:>20}{self.outcomes:>7}/{urls:<6}{self.images:>7}"
                 f"{self.images / self.last_outcome:>8.1f}{self.cpu / max(1, self.images) * 1000:>9.1f}{servers:>10}"
-                f"{self.saw.busiest_peak:>9}{self.saw.fastest_peak[1]:>9}{self.saw.disallowed_requests:>12}")
+                f"{self.saw.busiest_peak:>9}{self.saw.fastest_peak[1]:>9}{self.saw.disallowed_requests:>12}"
+                f"{self.first_request:>9.1f}{self.span:>8.1f}{self.busiest_done:>14.1f}")
 
 
 REAL_HEADER = (f"{'system':<14}{'last outcome s':>20}{'outcomes':>14}{'images':>7}{'img/s':>8}{'CPU ms':>9}"
-               f"{'+servers':>10}{'busiest':>9}{'peak':>9}{'disallowed':>12}")
+               f"{'+servers':>10}{'busiest':>9}{'peak':>9}{'disallowed':>12}{'1st req':>9}{'span':>8}"
+               f"{'busiest done':>14}")
 REAL_LEGEND = ("CPU ms: per image, the crawler's processes (+servers: with Kafka, Redis, S3); busiest: the "
                "busiest site's most requests in one second; peak: any site's; disallowed: requests (not robots.txt) "
-               "to sites whose robots.txt forbids everything")
+               "to sites whose robots.txt forbids everything; 1st req: seconds from the start to the sites' first "
+               "image request; span: from it to their last; busiest done: to the busiest site's last")
 
 
 def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Path, work: Path,
                   keep: bool) -> RealRun:
     web = SimWeb(real.specs, log_path=sites_log(work, keep, "img2dataset"))
     with web.serving():
+        wall_clock = time.time()
         wall, cpu, images = img2dataset(url_list, work, PYTHONPATH=str(resolver), TEST_HOSTS_FILE=str(hosts_file))
-    return RealRun("img2dataset", len(real.plan), images, wall, True, cpu, sites_saw(real, web))
+    times = image_requests(web)
+    return RealRun("img2dataset", len(real.plan), images, wall, True, cpu, sites_saw(real, web),
+                   first_request=times[0] - wall_clock, span=times[-1] - times[0],
+                   busiest_done=busiest_last(real, web) - wall_clock)
 
 
 def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, keep: bool, timeout: float,
@@ -255,7 +265,7 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
     with stack as addresses:
         servers = [s.process.pid for s in stack.servers if s.process]
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
-        servers0, cpu0, started = proc_cpu(servers), children_cpu(), time.monotonic()
+        servers0, cpu0, started, wall_clock = proc_cpu(servers), children_cpu(), time.monotonic(), time.time()
         with crawl(web, real.plan, base, work / "ours", PROCESSES, worker_module="test.resolving_worker",
                    url_list=url_list, **{HOSTS_FILE_ENV: str(hosts_file)}, **settings) as (cluster, outcomes):
             # A dead host's robots.txt is an outage: its URLs wait (ROBOTS_UNAVAILABLE_GIVE_UP), counted apart.
@@ -268,9 +278,16 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
             cluster.stop()
         cpu = children_cpu() - cpu0
     waiting = Counter(p.source for p in real.plan if p.uuid not in outcomes.kinds)
+    times = image_requests(web)
     return RealRun("this crawler", len(outcomes.kinds), outcomes.totals()[QUALITY], last, finished, cpu,
                    sites_saw(real, web), server_cpu, halts(work / "ours" / "monitor.log", real.sites[0].site),
-                   dict(waiting.most_common()))
+                   dict(waiting.most_common()), times[0] - wall_clock, times[-1] - times[0],
+                   busiest_last(real, web) - wall_clock)
+
+
+def busiest_last(real: RealWeb, web: SimWeb) -> float:
+    """When the busiest site saw its last image request (wall clock)."""
+    return max(r.time for r in web.sites[real.sites[0].site].log if r.path != ROBOTS_PATH)
 
 
 def halts(monitor_log: Path, busiest: str) -> tuple[int, int]:
