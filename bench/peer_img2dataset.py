@@ -281,8 +281,8 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
     times = image_requests(web)
     return RealRun("this crawler", len(outcomes.kinds), outcomes.totals()[QUALITY], last, finished, cpu,
                    sites_saw(real, web), server_cpu, halts(work / "ours" / "monitor.log", real.sites[0].site),
-                   dict(waiting.most_common()), times[0] - wall_clock, times[-1] - times[0],
-                   busiest_last(real, web) - wall_clock)
+                   waiting=dict(waiting.most_common()), first_request=times[0] - wall_clock,
+                   span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock)
 
 
 def busiest_last(real: RealWeb, web: SimWeb) -> float:
