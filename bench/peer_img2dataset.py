@@ -322,6 +322,11 @@ def main_real(args: argparse.Namespace) -> None:
             runs.append((peer, ours))
             print(f"round {round_ + 1}: img2dataset {peer.last_outcome:.1f} s, this crawler "
                   f"{ours.last_outcome:.1f} s{'' if ours.finished else ' (did not finish)'}", flush=True)
+    report_real(real, runs, unloaded, args, settings)
+
+
+def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: dict[str, float | None],
+                args: argparse.Namespace, settings: dict[str, str]) -> None:
     print(f"\nreal-shaped list (seed {args.seed}): {real.describe()}")
     print(f"{PROCESSES} processes each, {TARGET} px JPEG q{JPEG_QUALITY}; {os.cpu_count()} cores; this crawler's "
           f"settings: {settings or 'defaults'}; its round capped at {args.timeout:.0f} s")
@@ -341,6 +346,16 @@ def main_real(args: argparse.Namespace) -> None:
                    f"over {ours.last_outcome / peer.last_outcome:.1f}x img2dataset's")
         print(f"round {n}: this crawler's time to the last outcome {verdict}; "
               f"CPU per image {ours.cpu / max(1, ours.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
+    if len(runs) > 1:  # a round's ratio moves with the machine's minute: the spread says how much
+        times = sorted(ours.last_outcome / peer.last_outcome for peer, ours in runs)
+        print(f"over {len(runs)} rounds: this crawler's time to the last outcome {statistics.median(times):.2f}x "
+              f"img2dataset's (median; {times[0]:.2f}-{times[-1]:.2f}x), "
+              f"{sum(ours.finished for _, ours in runs)} rounds finished")
+    for system, index in (("img2dataset", 0), ("this crawler", 1)):
+        worst = [max((run[index].saw.fragile_ms[s.site] or 0.0) / (unloaded[s.site] or 1.0) for s in real.fragile)
+                 for run in runs]
+        print(f"{system}: the worst fragile site's median latency per round: "
+              + ", ".join(f"{ratio:.1f}x" for ratio in worst) + " its unloaded")
     print("fragile sites, median latency at the site (ms), x its unloaded median:")
     for site in real.fragile:
         base = unloaded[site.site]
