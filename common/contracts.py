@@ -143,7 +143,7 @@ sent_log_key = _keyed("sent_log")
 MONITOR_LEASE = "monitor_lease"
 # Adaptive back-off (crawl_monitor.adaptive): response times per source and time bucket
 # (common.response_times), the monitor's verdict per source, and the operator's switch.
-adaptive_key = _keyed("adaptive")           # hash: effective_rate, ceiling, baseline_ms, recent_ms, ...
+adaptive_key = _keyed("adaptive")           # hash: effective_rate, limit, ceiling, baseline_ms, recent_ms, ...
 adaptive_off_key = _keyed("adaptive_off")   # set (any value): no adaptation for the source
 # The field of adaptive:{source} holding the most the back-off may grant the source, req/s: its
 # limit, or capacity discovery's ceiling (DISCOVERY_MAX_RATE) for a source that may discover;

@@ -25,7 +25,9 @@ doubling at a few req/s (issue 28), so the slow start is judged every second on 
 recorded since the last look (``observe_fresh``): a few (``ADAPTIVE_SLOW_START_SAMPLES``),
 to requests made after the last doubling, tell "as fast as at first" from "slower". The
 first slow-down halves the multiplier (back to the last rate answered fast) and ends the
-slow start. The state is kept in ``adaptive:{source}``, so a monitor that takes over
+slow start. Capacity discovery is the same controller with a higher top: a source the
+regulator lets discover climbs past its limit (multiplier above 1) up to its ``cap``
+(docs/decisions.md, "Capacity discovery"). The state is kept in ``adaptive:{source}``, so a monitor that takes over
 continues where the last one was; ``adaptive_off:{source}`` switches a source back to its
 ceiling.
 

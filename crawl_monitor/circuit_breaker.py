@@ -2,10 +2,10 @@
 
 Workers record every request's status; this reads those records once a second, for the
 sources with an outcome in the last minute (``active_sources``) and the paused ones.
-A surge (errors in the last minute above 10% with confidence: the Wilson score lower bound
-of their share) pauses the source until the minute no longer shows it; 50 failures in a
-row halt it until an operator looks (``srem halted {source}``). Only unexpected statuses
-count as errors: a 404 is the site working as it should. A URL counts one error at most in the
+A surge (errors above 10% of the last minute's answers, and more than a site failing 3% of
+the time shows by chance: a binomial tail) pauses the source until the minute no longer shows
+it; 50 failures in a row halt it until an operator looks (``srem halted {source}``). Only
+unexpected statuses count as errors: a 404 is the site working as it should. A URL counts one error at most in the
 minute window (a retried URL's failure after a failed attempt is not in it), the last-50 list
 holds every attempt.
 """
@@ -23,8 +23,8 @@ from common.source_sets import stopped_among
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import active_scores, active_since, forget_quiet
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BREAKER_FULL_PASS_SECONDS, BUCKET_TRIM_SECONDS,
-                                     TEMP_HALT_CONFIDENCE_Z, TEMP_HALT_ERROR_RATIO, TEMP_HALT_MIN_SAMPLES,
-                                     TEMP_HALT_WINDOW_SECONDS)
+                                     TEMP_HALT_ERROR_RATIO, TEMP_HALT_FALSE_ALARM, TEMP_HALT_HEALTHY_ERROR_RATIO,
+                                     TEMP_HALT_MIN_SAMPLES, TEMP_HALT_WINDOW_SECONDS)
 
 
 
@@ -33,21 +33,33 @@ def status_of(member: str) -> str:
     return member.partition(":")[0]
 
 
-def wilson_lower_bound(errors: int, total: int, z: float = TEMP_HALT_CONFIDENCE_Z) -> float:
-    """The Wilson score interval's lower end for ``errors`` of ``total`` (0 for none)."""
-    if total <= 0:
+def healthy_tail(errors: int, total: int, share: float = TEMP_HALT_HEALTHY_ERROR_RATIO) -> float:
+    """The chance that ``total`` answers failing ``share`` of the time at random hold ``errors`` or more."""
+    if errors <= 0:
+        return 1.0
+    if errors > total:
         return 0.0
-    share = errors / total
-    spread = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total))
-    return (share + z * z / (2 * total) - spread) / (1 + z * z / total)
+    term = math.exp(math.lgamma(total + 1) - math.lgamma(errors + 1) - math.lgamma(total - errors + 1)
+                    + errors * math.log(share) + (total - errors) * math.log1p(-share))
+    tail, odds = term, share / (1 - share)
+    for count in range(errors, total):
+        term *= (total - count) / (count + 1) * odds
+        tail += term
+        if term <= tail * 1e-12:
+            break
+    return min(tail, 1.0)
+
+
+def error_surge(errors: int, total: int) -> bool:
+    """More than 10% errors, and more than a healthy site shows by chance (docs/decisions.md,
+    "The breaker halts for errors, not chance")."""
+    return (total >= TEMP_HALT_MIN_SAMPLES and errors > TEMP_HALT_ERROR_RATIO * total
+            and healthy_tail(errors, total) < TEMP_HALT_FALSE_ALARM)
 
 
 def surge_of_errors(statuses: list[str]) -> bool:
-    """Errors above 10% with confidence (docs/decisions.md, "The breaker halts for errors")."""
-    if len(statuses) < TEMP_HALT_MIN_SAMPLES:
-        return False
-    errors = sum(1 for status in statuses if not is_expected(status))
-    return wilson_lower_bound(errors, len(statuses)) > TEMP_HALT_ERROR_RATIO
+    """``error_surge`` on the minute's statuses: only unexpected ones are errors."""
+    return error_surge(sum(1 for status in statuses if not is_expected(status)), len(statuses))
 
 
 def every_request_failed(last_statuses: list[str]) -> bool:

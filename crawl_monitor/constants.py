@@ -32,9 +32,10 @@ UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60
 # --- Circuit breaker (SPEC.md §3).
 BREAKER_CHECK_SECONDS = 1.0
 BREAKER_FULL_PASS_SECONDS = 10.0  # between these, a check reads only sources with new outcomes
-TEMP_HALT_ERROR_RATIO = 0.10        # an error share above this with confidence halts...
-TEMP_HALT_CONFIDENCE_Z = 1.645      # ... its Wilson lower bound at 95% one-sided
-TEMP_HALT_MIN_SAMPLES = 20          # fewer outcomes in the minute say too little to judge
+TEMP_HALT_ERROR_RATIO = 0.10          # the minute's error share must be above this, the operator's threshold...
+TEMP_HALT_HEALTHY_ERROR_RATIO = 0.03  # ... and its errors more than a site failing this share (room over 2%)...
+TEMP_HALT_FALSE_ALARM = 0.002         # ... shows this rarely: the largest that asks 8 of a 1 req/s minute's ~61
+TEMP_HALT_MIN_SAMPLES = 10            # fewer answers say too little; 10 still halt a 50% site in seconds at 1 req/s
 TEMP_HALT_WINDOW_SECONDS = 60
 BUCKET_TRIM_SECONDS = 60  # how often the hour and twelve-hour count windows drop old buckets
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import botocore.session
 import redis
 
-from common.contracts import CRAWL_ERRORS_TOPIC, adaptive_key, thumbnail_key
+from common.contracts import ADAPTIVE_CEILING_FIELD, CRAWL_ERRORS_TOPIC, adaptive_key, thumbnail_key
 from demo.grants import GrantLog
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
@@ -74,7 +74,8 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
               grants: GrantLog) -> list[SourceRow]:
     """Per source: outcomes, its achieved rate (mean over its busy span, and the busiest
     one-second window), what the monitor granted meanwhile (``grants``) and its limit (the
-    ceiling the adaptive back-off last saved, or SPEC.md §3's computed rate)."""
+    ceiling the adaptive back-off last saved: capacity discovery's for a source that may
+    discover; or SPEC.md §3's computed rate)."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     rows = []
     for name, site in web.sites.items():
@@ -82,7 +83,7 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
         kinds = [outcomes.kind_of(u) for u in uuids]
         times = [r.time for r in site.log if r.path != ROBOTS_PATH]
         span = max(times) - min(times) if len(times) > 1 else 0.0
-        ceiling = client.hget(adaptive_key(name), "ceiling")
+        ceiling = client.hget(adaptive_key(name), ADAPTIVE_CEILING_FIELD)
         rows.append(SourceRow(
             name, len(uuids), kinds.count(QUALITY), kinds.count(LINK_ROT), kinds.count(CRAWL_ERRORS),
             len(times), (len(times) - 1) / span if span else 0.0, busiest_second(sorted(times))[0],
