@@ -1,6 +1,6 @@
 """This crawler against img2dataset on one URL list of the simulated web, side by side.
 
-Run by hand: ``.venv/bin/python -m bench.peer_img2dataset [--urls 2000]``. img2dataset
+Run by hand: ``.venv/bin/python -m bench.peer_img2dataset [--urls 2000] [--shape real]``. img2dataset
 lives in its own venv (``bench/.venv-img2dataset``, made on first use with
 ``python3 -m venv`` and pip) because its dependencies clash with ours.
 
@@ -17,11 +17,33 @@ Kafka's consumer group to assign them partitions, a fixed cost per start). CPU i
 ``getrusage(RUSAGE_CHILDREN)`` around each run, so every process of the run
 and their pools count; this crawler's servers (Kafka, Redis, S3), which
 img2dataset does without, are shown apart, read from /proc.
+
+``--shape real`` runs both on a list shaped like a real one (``bench/list_shape.py``,
+``bench/real_web.py``; default 4,000 rows): a few big sites hold a large share of the
+URLs (the busiest 6.5%), most sites have one or two; host names under reserved TLDs
+(``img.shopcdn.example``), each on its own loopback address at port 80, resolved by
+both crawlers from a hosts file only (our workers run as ``test.resolving_worker``;
+img2dataset gets a ``sitecustomize`` on its PYTHONPATH, in every process it starts);
+nothing asks DNS. Most sites answer in 50-300 ms at any rate; four are fragile (2-3
+slots, so their latency climbs past a few concurrent requests); some forbid everything
+in robots.txt, some answer 500 to everything, the busiest answers 500 to 2%, some hosts
+have no server, and 1 URL in 33 is a 404. Both read the same Parquet file: this crawler
+through ``url_lists.list_producer`` (each site rated by its count in the list, as a real
+list crawl is), with every politeness rule on but the private-network guard and the
+per-host cap at its default; ``--env NAME=VALUE`` passes it a setting. Printed for each:
+the time to the last outcome (this crawler's round stops at ``--timeout`` and is reported
+unfinished; URLs of dead hosts wait for their robots.txt by design, so they are counted
+apart), images a second, CPU per image, the busiest site's most requests in a second,
+requests to sites whose robots.txt forbids everything, the circuit breaker's halts; and
+each fragile site's median latency under each crawler against its unloaded median,
+both as the site measures them (arrival to answer; the unloaded one from sequential
+requests before the rounds).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import resource
@@ -30,15 +52,19 @@ import subprocess
 import tempfile
 import time
 import uuid as uuidlib
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.cpu import proc_cpu
+from common.contracts import EVENT_CRAWL_HALTED
+from bench.real_web import RealWeb, SitesSaw, build_real_web, sites_saw, unloaded_latency, write_sitecustomize
 from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from demo.sample import PHOTOS, _photo, variant
 from devstack.stack import LocalStack
 from demo.simweb import RULES_PATHS, Planned, SimWeb, SiteSpec
+from test.resolving_worker import HOSTS_FILE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_VENV = ROOT / "bench" / ".venv-img2dataset"
@@ -49,6 +75,7 @@ PROCESSES, PEER_THREADS = 2, 64
 PER_HOST_CONNECTIONS = 8 * SOURCES
 TARGET, JPEG_QUALITY = 640, 85  # TARGET_RESOLUTION's default and the worker's thumbnail quality
 TIMEOUT = 900.0
+REAL_URLS, REAL_TIMEOUT = 4000, 600.0
 
 
 @dataclass(frozen=True)
@@ -130,26 +157,33 @@ def sites_log(work: Path, keep: bool, system: str) -> Path | None:
     return work / f"requests-{system}.jsonl" if keep else None
 
 
+def img2dataset(url_list: Path, work: Path, **env: str) -> tuple[float, float, int]:
+    """Run img2dataset on ``url_list`` (txt, or Parquet with a ``url`` column): (wall, CPU, images)."""
+    out = work / "img2dataset"
+    kind = "parquet" if url_list.suffix == ".parquet" else "txt"
+    argv = [str(PEER_BIN), "--url_list", str(url_list), "--input_format", kind, "--url_col", "url",
+            "--output_folder", str(out),
+            "--processes_count", str(PROCESSES), "--thread_count", str(PEER_THREADS),
+            "--image_size", str(TARGET), "--resize_mode", "keep_ratio_largest",
+            "--resize_only_if_bigger", "True", "--encode_format", "jpg",
+            "--encode_quality", str(JPEG_QUALITY), "--output_format", "files",
+            "--number_sample_per_shard", "1000", "--timeout", "30", "--retries", "1"]
+    full_env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": "", **env}
+    cpu0, started = children_cpu(), time.monotonic()
+    with open(work / "img2dataset.log", "wb") as log:
+        subprocess.run(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=TIMEOUT)
+    return time.monotonic() - started, children_cpu() - cpu0, len(list(out.glob("*/*.jpg")))
+
+
 def run_peer(specs: list[SiteSpec], plan: list[Planned], work: Path, keep: bool) -> Result:
     web = SimWeb(specs, log_path=sites_log(work, keep, "img2dataset"))
     with web.serving():
         url_list = work / "urls.txt"
         url_list.write_text("".join(web.sites[p.source].url(p.path) + "\n" for p in plan))
-        out = work / "img2dataset"
-        argv = [str(PEER_BIN), "--url_list", str(url_list), "--output_folder", str(out),
-                "--processes_count", str(PROCESSES), "--thread_count", str(PEER_THREADS),
-                "--image_size", str(TARGET), "--resize_mode", "keep_ratio_largest",
-                "--resize_only_if_bigger", "True", "--encode_format", "jpg",
-                "--encode_quality", str(JPEG_QUALITY), "--output_format", "files",
-                "--number_sample_per_shard", "1000", "--timeout", "30", "--retries", "1"]
-        env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": ""}
-        cpu0, started, wall_clock = children_cpu(), time.monotonic(), time.time()
-        with open(work / "img2dataset.log", "wb") as log:
-            subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=TIMEOUT)
-        wall, cpu = time.monotonic() - started, children_cpu() - cpu0
+        wall_clock = time.time()
+        wall, cpu, images = img2dataset(url_list, work)
     times = image_requests(web)
-    return Result("img2dataset", len(list(out.glob("*/*.jpg"))), wall, times[-1] - times[0], cpu,
-                  times[0] - wall_clock)
+    return Result("img2dataset", images, wall, times[-1] - times[0], cpu, times[0] - wall_clock)
 
 
 def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path, keep: bool) -> Result:
@@ -174,9 +208,179 @@ def run_ours(specs: list[SiteSpec], plan: list[Planned], work: Path, keep: bool)
                   times[0] - wall_clock, server_cpu)
 
 
+@dataclass(frozen=True)
+class RealRun:
+    """One crawler's round on the real-shaped list."""
+
+    system: str
+    outcomes: int          # URLs that got their outcome
+    images: int
+    last_outcome: float    # seconds from the start to the last outcome (or to the timeout)
+    finished: bool
+    cpu: float
+    saw: SitesSaw
+    server_cpu: float | None = None  # this crawler's servers (Kafka, Redis, S3)
+    halts: tuple[int, int] = (0, 0)  # the breaker's halts of the busiest site, of all sites
+    first_request: float = 0.0       # seconds from the start to the sites' first image request
+    span: float = 0.0                # seconds from the sites' first image request to their last
+    busiest_done: float = 0.0        # seconds from the start to the busiest site's last image request
+    waiting: dict[str, int] = field(default_factory=dict)  # site -> its URLs without an outcome
+
+    def row(self, urls: int) -> str:
+        last = f"{self.last_outcome:.1f}" if self.finished else f">{self.last_outcome:.0f} (unfinished)"
+        servers = "-" if self.server_cpu is None else f"{(self.cpu + self.server_cpu) / max(1, self.images) * 1000:.1f}"
+        return (f"{self.system:<14}{last:>20}{self.outcomes:>7}/{urls:<6}{self.images:>7}"
+                f"{self.images / self.last_outcome:>8.1f}{self.cpu / max(1, self.images) * 1000:>9.1f}{servers:>10}"
+                f"{self.saw.busiest_peak:>9}{self.saw.fastest_peak[1]:>9}{self.saw.disallowed_requests:>12}"
+                f"{self.first_request:>9.1f}{self.span:>8.1f}{self.busiest_done:>14.1f}")
+
+
+REAL_HEADER = (f"{'system':<14}{'last outcome s':>20}{'outcomes':>14}{'images':>7}{'img/s':>8}{'CPU ms':>9}"
+               f"{'+servers':>10}{'busiest':>9}{'peak':>9}{'disallowed':>12}{'1st req':>9}{'span':>8}"
+               f"{'busiest done':>14}")
+REAL_LEGEND = ("CPU ms: per image, the crawler's processes (+servers: with Kafka, Redis, S3); busiest: the "
+               "busiest site's most requests in one second; peak: any site's; disallowed: requests (not robots.txt) "
+               "to sites whose robots.txt forbids everything; 1st req: seconds from the start to the sites' first "
+               "image request; span: from it to their last; busiest done: to the busiest site's last")
+
+
+def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Path, work: Path,
+                  keep: bool) -> RealRun:
+    web = SimWeb(real.specs, log_path=sites_log(work, keep, "img2dataset"))
+    with web.serving():
+        wall_clock = time.time()
+        wall, cpu, images = img2dataset(url_list, work, PYTHONPATH=str(resolver), TEST_HOSTS_FILE=str(hosts_file))
+    times = image_requests(web)
+    return RealRun("img2dataset", len(real.plan), images, wall, True, cpu, sites_saw(real, web),
+                   first_request=times[0] - wall_clock, span=times[-1] - times[0],
+                   busiest_done=busiest_last(real, web) - wall_clock)
+
+
+def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, keep: bool, timeout: float,
+                  settings: dict[str, str]) -> RealRun:
+    """Every politeness rule on but the private-network guard; each site rated by its count in
+    the list (the list producer); workers that resolve from the hosts file only."""
+    web = SimWeb(real.specs, log_path=sites_log(work, keep, "ours"))
+    stack = LocalStack(work / "stack")
+    with stack as addresses:
+        servers = [s.process.pid for s in stack.servers if s.process]
+        base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
+        servers0, cpu0, started, wall_clock = proc_cpu(servers), children_cpu(), time.monotonic(), time.time()
+        with crawl(web, real.plan, base, work / "ours", PROCESSES, worker_module="test.resolving_worker",
+                   url_list=url_list, **{HOSTS_FILE_ENV: str(hosts_file)}, **settings) as (cluster, outcomes):
+            # A dead host's robots.txt is an outage: its URLs wait (ROBOTS_UNAVAILABLE_GIVE_UP), counted apart.
+            live = {p.uuid for p in real.plan if p.source not in real.dead_sites}
+            deadline = started + timeout
+            while not live.issubset(outcomes.kinds) and time.monotonic() < deadline:
+                outcomes.poll(0.1)
+            last, finished = time.monotonic() - started, live.issubset(outcomes.kinds)
+            server_cpu = proc_cpu(servers) - servers0
+            cluster.stop()
+        cpu = children_cpu() - cpu0
+    waiting = Counter(p.source for p in real.plan if p.uuid not in outcomes.kinds)
+    times = image_requests(web)
+    return RealRun("this crawler", len(outcomes.kinds), outcomes.totals()[QUALITY], last, finished, cpu,
+                   sites_saw(real, web), server_cpu, halts(work / "ours" / "monitor.log", real.sites[0].site),
+                   waiting=dict(waiting.most_common()), first_request=times[0] - wall_clock,
+                   span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock)
+
+
+def busiest_last(real: RealWeb, web: SimWeb) -> float:
+    """When the busiest site saw its last image request (wall clock)."""
+    return max(r.time for r in web.sites[real.sites[0].site].log if r.path not in RULES_PATHS)
+
+
+def halts(monitor_log: Path, busiest: str) -> tuple[int, int]:
+    """The circuit breaker's halts in the monitor's log: (of the ``busiest`` site, of all)."""
+    events = []
+    for line in monitor_log.read_text(errors="replace").splitlines():
+        if EVENT_CRAWL_HALTED in line:
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+    halted = [e.get("source") for e in events if e.get("event") == EVENT_CRAWL_HALTED]
+    return halted.count(busiest), len(halted)
+
+
+def main_real(args: argparse.Namespace) -> None:
+    ensure_peer()
+    real = build_real_web(args.urls or REAL_URLS, args.seed, args.port)
+    settings = dict(item.split("=", 1) for item in args.env)
+    unloaded = unloaded_latency(real)
+    kept = contextlib.nullcontext(str(args.keep)) if args.keep else None
+    runs: list[tuple[RealRun, RealRun]] = []
+    with kept or tempfile.TemporaryDirectory(prefix="bench-peer-real-") as tmp:
+        work = Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        url_list, hosts_file = real.write(work)
+        resolver = write_sitecustomize(work / "resolver")
+        keep = args.keep is not None
+        for round_ in range(args.rounds):  # alternating, so a noisy neighbour hits both alike
+            folder = work / str(round_)
+            folder.mkdir()
+            peer = run_peer_real(real, url_list, hosts_file, resolver, folder, keep)
+            ours = run_ours_real(real, url_list, hosts_file, folder, keep, args.timeout, settings)
+            runs.append((peer, ours))
+            print(f"round {round_ + 1}: img2dataset {peer.last_outcome:.1f} s, this crawler "
+                  f"{ours.last_outcome:.1f} s{'' if ours.finished else ' (did not finish)'}", flush=True)
+    report_real(real, runs, unloaded, args, settings)
+
+
+def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: dict[str, float | None],
+                args: argparse.Namespace, settings: dict[str, str]) -> None:
+    print(f"\nreal-shaped list (seed {args.seed}): {real.describe()}")
+    print(f"{PROCESSES} processes each, {TARGET} px JPEG q{JPEG_QUALITY}; {os.cpu_count()} cores; this crawler's "
+          f"settings: {settings or 'defaults'}; its round capped at {args.timeout:.0f} s")
+    print(REAL_HEADER)
+    for peer, ours in runs:
+        print(peer.row(len(real.plan)))
+        print(ours.row(len(real.plan)))
+    print(REAL_LEGEND)
+    for n, (peer, ours) in enumerate(runs, 1):
+        dead = sum(ours.waiting.get(name, 0) for name in real.dead_sites)
+        others = {name: count for name, count in ours.waiting.items() if name not in real.dead_sites}
+        print(f"round {n}: this crawler's breaker halted the busiest site {ours.halts[0]} times, "
+              f"{ours.halts[1]} halts in all; {dead} URLs of dead hosts wait for robots.txt (not counted)"
+              + (f"; without an outcome: {list(others.items())[:5]}" if others else ""))
+        verdict = (f"{ours.last_outcome / peer.last_outcome:.2f}x img2dataset's" if ours.finished else
+                   f"did not finish in {ours.last_outcome:.0f} s ({ours.outcomes} of {len(real.plan)} outcomes), "
+                   f"over {ours.last_outcome / peer.last_outcome:.1f}x img2dataset's")
+        print(f"round {n}: this crawler's time to the last outcome {verdict}; "
+              f"CPU per image {ours.cpu / max(1, ours.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
+    if len(runs) > 1:  # a round's ratio moves with the machine's minute: the spread says how much
+        times = sorted(ours.last_outcome / peer.last_outcome for peer, ours in runs)
+        print(f"over {len(runs)} rounds: this crawler's time to the last outcome {statistics.median(times):.2f}x "
+              f"img2dataset's (median; {times[0]:.2f}-{times[-1]:.2f}x), "
+              f"{sum(ours.finished for _, ours in runs)} rounds finished")
+    for system, index in (("img2dataset", 0), ("this crawler", 1)):
+        worst = [max((run[index].saw.fragile_ms[s.site] or 0.0) / (unloaded[s.site] or 1.0) for s in real.fragile)
+                 for run in runs]
+        print(f"{system}: the worst fragile site's median latency per round: "
+              + ", ".join(f"{ratio:.1f}x" for ratio in worst) + " its unloaded")
+    print("fragile sites, median latency at the site (ms), x its unloaded median:")
+    for site in real.fragile:
+        base = unloaded[site.site]
+        cells = []
+        for n, (peer, ours) in enumerate(runs, 1):
+            for run in (peer, ours):
+                ms = run.saw.fragile_ms[site.site]
+                cells.append(f"r{n} {'i2d' if run is peer else 'ours'} "
+                             + ("-" if ms is None or base is None else f"{ms:.0f} ({ms / base:.1f}x)"))
+        print(f"  {site.host} ({site.urls} URLs, {site.slots} slots): unloaded "
+              f"{'-' if base is None else f'{base:.0f}'}; " + ", ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--urls", type=int, default=2000)
+    parser.add_argument("--shape", choices=("uniform", "real"), default="uniform",
+                        help="uniform: 10 equal sites (default); real: a list shaped like LAION's")
+    parser.add_argument("--urls", type=int, help=f"URLs in the list (default: 2000 uniform, {REAL_URLS} real)")
+    parser.add_argument("--seed", type=int, default=41, help="the real-shaped list's seed")
+    parser.add_argument("--port", type=int, default=80 if os.geteuid() == 0 else 8080,
+                        help="the real-shaped sites' port, on each site's own loopback address")
+    parser.add_argument("--timeout", type=float, default=REAL_TIMEOUT,
+                        help="real: seconds this crawler's round may take before it is reported unfinished")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="real: a setting for this crawler's processes (repeatable)")
     parser.add_argument("--rounds", type=int, default=1, help="alternate the two this many times")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep its logs, the sites' requests too "
                         "(default: a temporary one)")
@@ -185,6 +389,10 @@ def main() -> None:
                              "list of URLS (20,000), webdataset, timed from command start to exit "
                              "(bench/peer_one_command.py)")
     args = parser.parse_args()
+    if args.shape == "real":
+        main_real(args)
+        return
+    args.urls = args.urls or 2000
     ensure_peer()
     if args.one_command:
         from bench import peer_one_command

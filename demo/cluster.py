@@ -106,9 +106,12 @@ def module_argv(module: str, *args: str) -> list[str]:
 class Cluster:
     """A monitor and any number of workers on one stack; a context manager that stops them all."""
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path):
+    def __init__(self, env: Mapping[str, str], log_dir: Path, worker_module: str = "worker"):
+        """``worker_module``: what ``python -m`` runs as a worker (``test.resolving_worker``:
+        a worker whose host names come from a hosts file)."""
         self.env = dict(env)
         self.log_dir = log_dir
+        self.worker_module = worker_module
         self.children: list[Child] = []
         self._workers = 0
 
@@ -122,7 +125,7 @@ class Cluster:
 
     def start_worker(self) -> Child:
         self._workers += 1
-        return self._start(f"worker-{self._workers}", "worker")
+        return self._start(f"worker-{self._workers}", self.worker_module)
 
     def start(self, workers: int = 2) -> Cluster:
         self.start_monitor()
@@ -134,6 +137,14 @@ class Cluster:
         """Run the TSV producer to completion; its output joins the logs."""
         with open(self.log_dir / "tsv_producer.log", "ab") as log:
             subprocess.run(module_argv("url_lists.tsv_producer", str(tsv), self.env["KAFKA_HOSTS"]),
+                           env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           preexec_fn=own_group_dying_with_parent, timeout=PRODUCER_TIMEOUT, check=True)
+
+    def produce_list(self, url_list: Path) -> None:
+        """Run the list producer on ``url_list`` to completion (sources by site, counted)."""
+        with open(self.log_dir / "list_producer.log", "ab") as log:
+            subprocess.run(module_argv("url_lists.list_producer", str(url_list), "--progress-file",
+                                       str(self.log_dir / "list_progress.json")),
                            env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                            preexec_fn=own_group_dying_with_parent, timeout=PRODUCER_TIMEOUT, check=True)
 

@@ -97,6 +97,7 @@ class SiteSpec:
     redirects: Mapping[str, str] = field(default_factory=dict)  # path -> Location of a 301 (before the rest)
     # Response headers by path prefix (X-Robots-Tag, tdm-reservation, Content-Usage...).
     path_headers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    port: int = 0                # 0: a free one; a fixed port puts it in URLs known before serving
 
 
 _SO_TIMESTAMPNS = 35  # Linux's option and its control message: a struct timespec per read
@@ -326,7 +327,7 @@ class SimWeb:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             self._runners.append(runner)
-            listener = stamped_listener(site.spec.host)
+            listener = stamped_listener(site.spec.host, site.spec.port)
             await web.SockSite(runner, listener).start()
             site.port = listener.getsockname()[1]
 
