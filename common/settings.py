@@ -55,6 +55,8 @@ class Settings:
     sources_url: str = DEFAULT_SOURCES_URL
     s3_endpoint_url: str | None = None
     s3_bucket: str = "cc-image-analysis"
+    # None: thumbnails go to S3_BUCKET; a folder: they are files there (one machine: worker.thumbnails).
+    thumbnail_dir: str | None = None
     aws_access_key_id: str | None = None
     aws_secret_access_key: str | None = None
     aws_default_region: str = "us-east-1"
@@ -121,6 +123,7 @@ class Settings:
             sources_url=get("SOURCES_URL", str, d.sources_url),
             s3_endpoint_url=get("S3_ENDPOINT_URL", _url("http", "https"), None),
             s3_bucket=get("S3_BUCKET", _nonempty, d.s3_bucket),
+            thumbnail_dir=get("THUMBNAIL_DIR", str, None),
             aws_access_key_id=get("AWS_ACCESS_KEY_ID", str, None),
             aws_secret_access_key=get("AWS_SECRET_ACCESS_KEY", str, None),
             aws_default_region=get("AWS_DEFAULT_REGION", str, d.aws_default_region),

@@ -12,11 +12,13 @@ from devstack.servers import DEV_CREDENTIALS, TANSU_WORKER_ENV, Server, kafka_se
 class StackAddresses:
     redis_url: str
     kafka_hosts: str
-    s3_endpoint_url: str
+    s3_endpoint_url: str | None  # None: a stack with no S3
     s3_bucket: str
 
     def environment(self) -> dict[str, str]:
         """The settings a monitor or worker needs to use this stack."""
+        if self.s3_endpoint_url is None:
+            return {"REDIS_URL": self.redis_url, "KAFKA_HOSTS": self.kafka_hosts, **TANSU_WORKER_ENV}
         return {
             "REDIS_URL": self.redis_url,
             "KAFKA_HOSTS": self.kafka_hosts,
@@ -35,23 +37,28 @@ class LocalStack:
     ``durable`` keeps Kafka's data in the stack's own S3 (``make stack``: a broker restart
     loses nothing); without it the broker keeps everything in memory, which the demo and
     the benchmarks prefer: each run starts empty, and a produce is not an S3 write.
+    ``s3=False`` starts no S3 (the embedded crawl keeps its thumbnails in a folder).
     """
 
-    def __init__(self, data_dir: Path | None = None, bucket: str = "cc-image-analysis", durable: bool = False):
+    def __init__(self, data_dir: Path | None = None, bucket: str = "cc-image-analysis", durable: bool = False,
+                 s3: bool = True):
+        if durable and not s3:
+            raise ValueError("a durable stack keeps Kafka's data in its S3")
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="devstack-"))
         self.bucket = bucket
         self.durable = durable
+        self.s3 = s3
         self.servers: list[Server] = []
         self.addresses: StackAddresses | None = None
 
     def start(self) -> StackAddresses:
-        s3, s3_endpoint = s3_server(self.data_dir, bucket=self.bucket)
+        s3, s3_endpoint = s3_server(self.data_dir, bucket=self.bucket) if self.s3 else (None, None)
         redis, redis_url = redis_server(self.data_dir)
         try:
-            for server in (s3, redis):
+            for server in (s3, redis) if s3 is not None else (redis,):
                 self.servers.append(server)
                 server.start()
-            if self.durable:
+            if self.durable and s3 is not None:
                 s3.wait_ready()  # the broker's storage must answer before the broker starts
             kafka, kafka_hosts = kafka_server(self.data_dir, s3_endpoint=s3_endpoint if self.durable else None)
             self.servers.append(kafka)

@@ -202,3 +202,61 @@ def test_a_thumbnail_larger_than_the_image_size_is_shrunk(tmp_path: Path) -> Non
     assert jpeg_size(image) == (640, 320)
     from PIL import Image
     assert Image.open(io.BytesIO(image)).size == (640, 320)
+
+
+def test_thumbnails_are_read_from_a_folder_and_deleted_once_their_shard_is_published(tmp_path: Path) -> None:
+    """THUMBNAIL_DIR: the files the workers wrote; a missing one is ThumbnailMissing, as in S3;
+    a shard's files go once it is published, an open shard's stay (its rebuild reads them)."""
+    from worker.thumbnails import ThumbnailFolder, thumbnail_path
+
+    folder_path = tmp_path / "_crawl" / "thumbnails"
+    outcomes, thumbnails = FakeOutcomes(), FakeThumbnails()
+    shards = write_list(tmp_path, 10, PER_SHARD, bad={2: "url must be a non-empty string"})
+    the_crawl(outcomes, thumbnails)
+    success(outcomes, thumbnails, 3 + 2 * PER_SHARD)  # shard 2's row 11... of a 10-row list: not a row
+    folder = ThumbnailFolder(folder_path)
+    for identifier, image in thumbnails.objects.items():
+        thumbnail_path(folder_path, identifier).write_bytes(image)
+    stray = thumbnail_path(folder_path, row_identifier(RUN, 11))
+    c = Collector(DatasetOptions(folder=tmp_path, output_format="webdataset", per_shard=PER_SHARD, image_size=640,
+                                 run=RUN), Settings(thumbnail_dir=str(folder_path)), outcomes=outcomes,
+                  limits=FakeLimits())
+    run(c, shards)
+    rows = {}
+    for shard in shards:
+        rows.update({row["key"]: row for row in pq.read_table(tmp_path / f"{shard:05d}.parquet").to_pylist()})
+    assert rows["000000000"]["status"] == "success"
+    assert rows["000000003"]["error_message"] == "ThumbnailMissing"
+    with tarfile.open(tmp_path / "00000.tar") as tar:
+        image = tar.extractfile("000000000.jpg").read()  # type: ignore[union-attr]
+    assert image == thumbnails.objects[row_identifier(RUN, 0)]
+    # Every file written into a published shard is gone; row 1's (X-Robots-Tag forbids it: a
+    # worker writes none), the other run's and the stray one are not the collector's to delete.
+    left = sorted(p.name for p in folder_path.iterdir())
+    assert left == sorted(thumbnail_path(folder_path, i).name for i in thumbnails.objects
+                          if i not in {row_identifier(RUN, r) for r in (0, 4, 8, 9)})
+    assert stray.exists()
+
+    # An open shard (its last row has no outcome yet) keeps its files until it is published.
+    outcomes, thumbnails = FakeOutcomes(), FakeThumbnails()
+    other = tmp_path / "again"
+    shards = write_list(other, 4, PER_SHARD)
+    for row in (0, 1, 2):
+        success(outcomes, thumbnails, row)
+    for identifier, image in thumbnails.objects.items():
+        thumbnail_path(folder_path, identifier).write_bytes(image)
+    c = Collector(DatasetOptions(folder=other, output_format="webdataset", per_shard=PER_SHARD, image_size=640,
+                                 run=RUN), Settings(), outcomes=outcomes, thumbnails=folder, limits=FakeLimits())
+    for shard in shards:
+        c.expect(shard)
+    c.no_more_shards()
+    stop = threading.Event()
+    thread = threading.Thread(target=c.run, args=(stop,))
+    thread.start()
+    thread.join(1.5)
+    assert thread.is_alive() and c.progress().outcomes == 3
+    assert all(thumbnail_path(folder_path, i).exists() for i in thumbnails.objects)
+    link_rot(outcomes, 3)
+    thread.join(10)
+    assert not thread.is_alive() and (other / "00000_stats.json").exists()
+    assert not any(thumbnail_path(folder_path, i).exists() for i in thumbnails.objects)

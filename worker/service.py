@@ -33,7 +33,7 @@ from worker.wait_line import WaitLine
 from worker.scheduler import Scheduler
 from worker.stats import Stats
 from worker.task import ImageTask, persist
-from worker.thumbnails import s3_thumbnails
+from worker.thumbnails import thumbnail_store
 from worker.tokens import TokenBuckets
 
 
@@ -59,7 +59,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
     images = HttpClient(settings.crawl_user_agent,
                         resolver=None if settings.crawl_allow_private_networks else GuardedResolver())
     try:
-        async with s3_thumbnails(settings) as thumbnails:
+        async with thumbnail_store(settings) as thumbnails:
             rates: dict[str, float] = {}
             tokens = TokenBuckets(redis, rate_of=rates.get)
             fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes,

@@ -1,4 +1,6 @@
-"""Thumbnail storage: ``common.contracts.thumbnail_key(uuid)`` (``{uuid}.jpg`` for a UUID) in S3_BUCKET.
+"""Thumbnail storage: ``common.contracts.thumbnail_key(uuid)`` (``{uuid}.jpg`` for a UUID) in S3_BUCKET,
+or, with THUMBNAIL_DIR set (one machine: the embedded crawl), the file of that name in the folder
+(``ThumbnailFolder``).
 
 Each upload is a SigV4 presigned PUT sent by a client of its own, the image
 client's kind (``worker.http_client``: aiohttp's request machinery cost ~1.5
@@ -26,12 +28,16 @@ refuses private addresses, where an S3-compatible store usually lives.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import hmac
+import os
 import re
+import secrets
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from aiobotocore.config import AioConfig
@@ -58,8 +64,8 @@ class S3PutFailed(Exception):
 class ThumbnailRefused(Exception):
     """The store refused this one object (a 4xx about the request): the URL's outcome, not an outage."""
 
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"HTTP {status} {code}: {message}")
+    def __init__(self, status: int | None, code: str, message: str):
+        super().__init__(f"HTTP {status} {code}: {message}" if status is not None else f"{code}: {message}")
         self.status = status
         self.code = code
 
@@ -156,7 +162,7 @@ def _encode(value: str) -> str:
 
 
 class ThumbnailStore(Protocol):
-    """Where thumbnails go (S3 in production, a dict in the unit tests)."""
+    """Where thumbnails go (S3, a folder on this machine, a dict in the unit tests)."""
 
     async def put(self, uuid: str, jpeg: bytes) -> None: ...
 
@@ -210,3 +216,70 @@ async def s3_thumbnails(settings: Settings) -> AsyncIterator[S3Thumbnails]:
         yield S3Thumbnails(signer, client)
     finally:
         await client.close()
+
+
+def thumbnail_path(folder: Path, identifier: str) -> Path:
+    """The file of ``identifier``'s thumbnail in ``folder``: its ``thumbnail_key``, which holds no
+    separator and always ends in ``.jpg`` (never ``.`` nor ``..``), so it names a file in ``folder``."""
+    key = thumbnail_key(identifier)
+    if "/" in key or os.sep in key or "\0" in key or key in (".", ".."):
+        raise ValueError(f"thumbnail key {key[:200]!r} would leave the folder")
+    return folder / key
+
+
+class ThumbnailFolder:
+    """Thumbnails as files in one folder of this machine: written by the workers, read (then
+    deleted) by the dataset collector. Each file is written under a temporary name in the same
+    folder (``.{random}.tmp``: never a key, which ends in ``.jpg``) and renamed into place, so a
+    reader sees a whole thumbnail or none. No fsync: the files outlive a killed process, not a
+    power cut (docs/decisions.md, "Thumbnails in a local folder"). The calls are a few
+    microseconds of page-cache I/O, made on the caller's thread."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    async def put(self, uuid: str, jpeg: bytes) -> None:
+        """Raises ThumbnailRefused for a name the file system refuses (too long); any other
+        OSError (a full or read-only disk) concerns every thumbnail and is waited out."""
+        try:
+            path = thumbnail_path(self.folder, uuid)
+        except ValueError as exc:
+            raise ThumbnailRefused(None, "BadKey", str(exc)) from None
+        temporary = self.folder / f".{secrets.token_hex(8)}.tmp"
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(jpeg)
+                while view:
+                    view = view[os.write(descriptor, view):]
+            finally:
+                os.close(descriptor)
+            os.replace(temporary, path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            if exc.errno == errno.ENAMETOOLONG:
+                raise ThumbnailRefused(None, "ENAMETOOLONG", f"file name too long ({len(path.name)} bytes)") from None
+            raise
+
+    async def get(self, identifier: str) -> bytes | None:
+        """The thumbnail's bytes; None if there is no such file (an OSError otherwise)."""
+        try:
+            return thumbnail_path(self.folder, identifier).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def discard(self, identifiers: Iterable[str]) -> None:
+        """Delete these thumbnails' files (those already gone are skipped)."""
+        for identifier in identifiers:
+            thumbnail_path(self.folder, identifier).unlink(missing_ok=True)
+
+
+@asynccontextmanager
+async def thumbnail_store(settings: Settings) -> AsyncIterator[ThumbnailStore]:
+    """THUMBNAIL_DIR's folder if set, else S3_BUCKET."""
+    if settings.thumbnail_dir:
+        yield ThumbnailFolder(Path(settings.thumbnail_dir))
+        return
+    async with s3_thumbnails(settings) as store:
+        yield store

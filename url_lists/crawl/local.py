@@ -1,7 +1,8 @@
 """The embedded crawl: the local stack, a monitor and workers on this machine, all stopped together.
 
-Kafka, Redis and S3 come from their wheels (``devstack``) with their data under the
-output folder; the monitor and the workers are ``python -m crawl_monitor`` and
+Kafka and Redis come from their wheels (``devstack``) with their data under the output
+folder; no S3: the workers write thumbnails into a folder there (THUMBNAIL_DIR), which the
+collector reads and empties shard by shard. The monitor and the workers are ``python -m crawl_monitor`` and
 ``python -m worker``, as an operator runs them. Every child has a process group of
 its own and dies with this process (``common.process``), so a stop, Ctrl-C, SIGTERM
 or even a SIGKILL of the command leaves nothing running; a stop SIGTERMs the workers
@@ -35,6 +36,7 @@ EMPTY_SOURCES = "[]"  # the embedded monitor's SOURCES_URL: every site is rated 
 ROBOTS_GIVE_UP_SECONDS = 600
 STOP_GRACE = 20.0  # seconds a worker gets to finish or park what it holds before it is killed
 SERVER_GRACE = 2.0  # seconds the servers get to stop once the crawler's processes have
+THUMBNAILS = "thumbnails"  # the thumbnails' folder in the stack's data folder
 
 
 def user_agent(env: Mapping[str, str], token: str | None) -> str:
@@ -109,17 +111,18 @@ class LocalCrawl:
         self.log_dir = log_dir
         self.workers = workers
         self._crawler_env = dict(crawler_env)
-        self.stack = LocalStack(data_dir)
+        self.stack = LocalStack(data_dir, s3=False)
         self.env: dict[str, str] = {}
         self.children: list[Child] = []
 
     def start_stack(self) -> dict[str, str]:
         """The servers, on free ports; returns the environment the crawler's processes (and this
         one's clients) use. Kafka and Redis start empty (a run never reads an earlier run's
-        messages); S3 keeps its data, the thumbnails a resumed collector fetches again."""
+        messages); the thumbnails' folder keeps those a resumed collector reads again."""
         addresses = self.stack.start()
         self.env = {**os.environ, **addresses.environment(), "MONITOR_PORT": str(free_port()),
-                    "PYTHONUNBUFFERED": "1", **self._crawler_env}
+                    "PYTHONUNBUFFERED": "1", **self._crawler_env,
+                    "THUMBNAIL_DIR": str((self.data_dir / THUMBNAILS).resolve())}
         return self.env
 
     def start_crawler(self) -> None:
@@ -132,8 +135,8 @@ class LocalCrawl:
         return next((child for child in self.children if child.exited() is not None), None)
 
     def discard_data(self) -> None:
-        """The servers' data (S3's thumbnails: as large as the dataset), once the crawl is complete;
-        their logs stay."""
+        """The servers' data and the thumbnails' folder (what a crash left in it), once the crawl is
+        complete; their logs stay."""
         for entry in self.data_dir.iterdir() if self.data_dir.is_dir() else []:
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
@@ -141,7 +144,7 @@ class LocalCrawl:
     def stop(self) -> None:
         """The monitor and workers at once (a worker parks what it holds in Kafka, which the
         monitor is not needed for), then the servers at once: Kafka and Redis hold nothing
-        worth waiting for (memory only, fresh each run), S3 gets SERVER_GRACE to close its files."""
+        worth waiting for (memory only, fresh each run); SERVER_GRACE at most."""
         children, self.children = self.children, []
         stop_children(children, STOP_GRACE)
         servers, self.stack.servers = self.stack.servers, []

@@ -1,11 +1,14 @@
-"""The collector: the crawl's outcomes on Kafka and thumbnails in S3, written as dataset shards.
+"""The collector: the crawl's outcomes on Kafka and thumbnails in S3 (or THUMBNAIL_DIR's folder),
+written as dataset shards.
 
 Each outcome message of this run (``keys.row_of``) finishes its row: a success's thumbnail
-is fetched from S3 (many at once) and written with the row's caption and columns into its
+is fetched from S3 (many at once) or read from the folder and written with the row's caption and columns into its
 shard's output as it comes (``writers.py``); every row is also appended to its shard's
 journal. A shard is published (renamed into place, its stats file last) once every row of
-its input shard has an outcome. Outcomes may come in any order and more than once: the
-first one of a row counts, later ones are passed over.
+its input shard has an outcome; with a folder, the shard's thumbnail files are deleted once
+it is published (not before: a shard rebuilt from its journal reads them again). Outcomes
+may come in any order and more than once: the first one of a row counts, later ones are
+passed over.
 
 Crash safety (a SIGKILL at any instant): a shard with its ``{shard}_stats.json`` is
 complete; any other shard's outputs are temporary and are rebuilt from its journal (its
@@ -43,7 +46,7 @@ from url_lists.dataset.files import fsync_path, publish, temporary_name
 from url_lists.dataset.images import fit_image
 from url_lists.dataset.journal import Journal, journal_path, read_journal
 from url_lists.dataset.keys import row_identifier, shard_of
-from url_lists.dataset.outcomes import (ERROR, OUTCOME_TOPICS, SUCCESS, THUMBNAIL_MISSING, OutcomeReader,
+from url_lists.dataset.outcomes import (ERROR, SUCCESS, THUMBNAIL_MISSING, OutcomeReader,
                                         bad_row_outcome)
 from url_lists.dataset.sources import KafkaOutcomes, LimitSource, OutcomeSource, Record, RedisLimits, partition_name
 from url_lists.dataset.s3 import StoreUnavailable
@@ -53,6 +56,7 @@ from url_lists.dataset.writers import (OUTCOME_FIELDS, ShardWriter, discard_left
 from url_lists.rows import url_origin_of
 from url_lists.sites import site_of_host
 from url_lists.tsv_producer import with_scheme
+from worker.thumbnails import ThumbnailFolder
 
 STATE_FILE = "collector.json"
 STATS_FILE = "stats.json"
@@ -110,6 +114,7 @@ class _Shard:
             contiguous else {row: i for i, row in enumerate(numbers)}
         self.finished: set[int] = set()
         self.fetching: set[int] = set()
+        self.thumbnails: list[str] = []  # identifiers of the thumbnails written into its output
         discard_leftovers(options.folder, shard)
         self.writer: ShardWriter = shard_writer(options.output_format, options.folder, shard,
                                                 row_schema(table.schema))
@@ -151,13 +156,15 @@ class Collector:
     def __init__(self, options: DatasetOptions, settings: Settings, *, outcomes: OutcomeSource | None = None,
                  thumbnails: Any = None, limits: LimitSource | None = None) -> None:
         """``outcomes``, ``thumbnails`` (an object with ``async get(identifier) -> bytes | None``)
-        and ``limits`` default to Kafka, S3 and Redis from ``settings``."""
+        and ``limits`` default to Kafka, S3 (THUMBNAIL_DIR's folder if set) and Redis from ``settings``."""
         if options.per_shard < 1:
             raise ValueError("per_shard must be at least 1")
         self.options = options
         self._settings = settings
         self._outcomes = outcomes
         self._thumbnails = thumbnails
+        # Deletes a published shard's thumbnails (a folder's files; S3's objects are kept).
+        self._folder: ThumbnailFolder | None = thumbnails if isinstance(thumbnails, ThumbnailFolder) else None
         self._limits = limits
         self._crawl_dir = options.folder / inputs.CRAWL_DIR
         self._crawl_dir.mkdir(parents=True, exist_ok=True)
@@ -294,8 +301,10 @@ class Collector:
             source = self._outcomes
             if source is None:
                 source = await loop.run_in_executor(kafka_thread, KafkaOutcomes, self._settings.kafka_hosts,
-                                                    OUTCOME_TOPICS)
+                                                    contracts.OUTCOME_TOPICS)
                 closers.append(source.close)
+            if self._thumbnails is None and self._settings.thumbnail_dir:
+                self._thumbnails = self._folder = ThumbnailFolder(Path(self._settings.thumbnail_dir))
             if self._thumbnails is None:
                 from url_lists.dataset.s3 import s3_thumbnail_reader
                 reader_context = s3_thumbnail_reader(self._settings)
@@ -463,7 +472,7 @@ class Collector:
                 try:
                     image = await self._thumbnails.get(identifier)
                     break
-                except StoreUnavailable as exc:
+                except (StoreUnavailable, OSError) as exc:
                     log_event(contracts.EVENT_INFRA_RETRY, what="s3_get", error=str(exc)[:300], retry_in=delay)
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, FETCH_RETRY_MAX)
@@ -471,6 +480,7 @@ class Collector:
             outcome = {**outcome, "status": ERROR, "error_message": THUMBNAIL_MISSING}
         else:
             image = await fit_image(image, self.options.image_size)
+            state.thumbnails.append(identifier)
         state.fetching.discard(row)
         if self._shards.get(state.shard) is state:
             self._finish(state, row, outcome, image, journal, message)
@@ -507,6 +517,8 @@ class Collector:
             state.journal.close()
             state.writer.publish(stats)
             state.journal.remove()
+            if self._folder is not None:  # the shard is in place: its thumbnails are not read again
+                self._folder.discard(state.thumbnails)
             log_event(contracts.EVENT_DATASET_SHARD, shard=state.shard, rows=state.size,
                       successes=state.tally.successes, folder=str(self.options.folder),
                       seconds=round(time.monotonic() - started, 3))

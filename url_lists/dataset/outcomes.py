@@ -99,7 +99,7 @@ class OutcomeReader:
         row = row_of(identifier, self._run) if isinstance(identifier, str) else None
         if message is None or row is None:
             return None
-        reason = message.get("reason")
+        reason = message.get("reason") or message.get("signal")  # opted_out names its signal (SPEC.md §1)
         outcome = {"status": topic, "error_message": reason if isinstance(reason, str) else None,
                    "http_status": _int(message.get("status"))}
         self._waits(raw, outcome)
