@@ -89,7 +89,7 @@ TOKEN_POLL_MAX = 0.25
 # The waiting sources' peeks share one MGET, at most one every this many seconds (a worker's
 # token reads per second do not grow with its sources).
 TOKEN_PEEK_INTERVAL = 0.01
-# A source whose task waits for tokens is scored in active_sources this often: the monitor
+# A source whose task waits for tokens is scored in waiting_sources this often: the monitor
 # grants tokens only to sources active in its last ACTIVE_SOURCES_TICK_SECONDS (8 s), so this
 # short a beat keeps a waiting source in while a finished one drops out soon (docs/decisions.md).
 ACTIVE_HEARTBEAT_SECONDS = 2.0
