@@ -53,7 +53,8 @@ async def forget_quiet(redis: AsyncRedis, now: float) -> None:
 
 
 class Rereads:
-    """Which sources a periodic reader reads again: those with an outcome since its last read,
+    """Which sources a periodic reader reads again: those with an outcome, a split or a task
+    waiting for tokens since its last read,
     those it has not read yet, and every source each ``ACTIVE_SOURCES_FULL_READ_SECONDS``, so
     what changes without an outcome (an operator's override, a saved adaptive state) shows
     within that time."""
@@ -69,5 +70,5 @@ class Rereads:
         if now >= self._next_full_read:
             self._next_full_read = now + ACTIVE_SOURCES_FULL_READ_SECONDS
             return set(sources)
-        active = await active_since(redis, since)
+        active = await wanting_scores(redis, since)
         return {source for source in sources if source in active or source not in read_before}
