@@ -15,7 +15,7 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adap
                               opted_out_key, urls_ended_key, urls_split_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets, stopped_among
-from crawl_monitor.active_sources import Rereads, wanting_scores
+from crawl_monitor.active_sources import Rereads, wanting_since
 from crawl_monitor.constants import SHOWN_RECENT_SECONDS
 
 
@@ -92,7 +92,7 @@ async def shown_sources(redis: Redis, now: float) -> list[str]:
     SHOWN_RECENT_SECONDS and every halted or paused one. Reading every source seen took
     4.5 s of the monitor's loop every 5 s at 100,000 sources, and 15 s a scrape (issue 26)."""
     sets = await read_source_sets(redis, inbound=False)
-    return sorted(set(await wanting_scores(redis, now - SHOWN_RECENT_SECONDS)) | sets.stopped)
+    return sorted(await wanting_since(redis, now - SHOWN_RECENT_SECONDS) | sets.stopped)
 
 
 async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = None,
