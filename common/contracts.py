@@ -170,9 +170,14 @@ def response_times_key(source: str, bucket_start: int) -> str:
 
 
 # Sorted set: each source scored by the Unix time of its latest outcome (workers ZADD with
-# every outcome). The monitor's per-second work reads only the sources it names as recent,
+# every outcome, nothing else). The monitor's per-second work reads only the sources it names as recent,
 # so that work follows the sources being crawled, not every source ever seen (issue 20).
 ACTIVE_SOURCES = "active_sources"
+# Sorted set: each source scored by the Unix time a task last waited for its tokens (workers,
+# every ACTIVE_HEARTBEAT_SECONDS while one waits) or a URL of it was split. The regulator grants
+# tokens to the sources recent here or in ACTIVE_SOURCES; the breaker and the back-off, which
+# judge outcomes, read ACTIVE_SOURCES alone, so a waiting source costs them nothing.
+WAITING_SOURCES = "waiting_sources"
 # A source's backlog (issue 26) is urls_split - urls_ended: URLs split for the first time (a retry
 # is not new) and URLs that reached their terminal outcome. Counters: they never expire.
 urls_split_key = _keyed("urls_split")

@@ -1,4 +1,5 @@
-"""The sources with outcomes lately (``active_sources``), so per-second work skips the quiet ones.
+"""The sources with outcomes lately (``active_sources``), and those with URLs split or tasks
+waiting for their tokens (``waiting_sources``), so per-second work skips the quiet ones.
 
 At 5,000 sources the monitor's event loop spent nearly all of each second reading
 every source ever seen (response buckets, breaker windows, counters) while a few
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Container, Iterable
 
-from common.contracts import ACTIVE_SOURCES
+from common.contracts import ACTIVE_SOURCES, WAITING_SOURCES
 from common.protocols import AsyncRedis
 from common.redis_values import as_text
 from crawl_monitor.constants import (ACTIVE_SOURCES_FULL_READ_SECONDS, ACTIVE_SOURCES_KEPT_SECONDS,
@@ -29,13 +30,40 @@ async def active_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
             for member, score in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf", withscores=True)}
 
 
+async def wanting_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
+    """Sources with an outcome, a split or a task waiting for tokens at or after ``since``
+    (``active_sources`` and ``waiting_sources``), with the time of their latest one."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zrangebyscore(ACTIVE_SOURCES, since, "+inf", withscores=True)
+        pipe.zrangebyscore(WAITING_SOURCES, since, "+inf", withscores=True)
+        active, waiting = await pipe.execute()
+    scores = {as_text(member): float(score) for member, score in waiting}
+    for member, score in active:
+        source = as_text(member)
+        scores[source] = max(float(score), scores.get(source, float(score)))
+    return scores
+
+
+async def wanting_since(redis: AsyncRedis, since: float) -> set[str]:
+    """``wanting_scores`` without the times (parsing them was most of a read of many)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in (ACTIVE_SOURCES, WAITING_SOURCES):
+            pipe.zrangebyscore(key, since, "+inf")
+        active, waiting = await pipe.execute()
+    return {as_text(member) for member in (*active, *waiting)}
+
+
 async def forget_quiet(redis: AsyncRedis, now: float) -> None:
-    """Drop the sources quiet for a day: the set then holds the sources of a day's crawl."""
-    await redis.zremrangebyscore(ACTIVE_SOURCES, "-inf", f"({now - ACTIVE_SOURCES_KEPT_SECONDS}")
+    """Drop the sources quiet for a day: the sets then hold the sources of a day's crawl."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in (ACTIVE_SOURCES, WAITING_SOURCES):
+            pipe.zremrangebyscore(key, "-inf", f"({now - ACTIVE_SOURCES_KEPT_SECONDS}")
+        await pipe.execute()
 
 
 class Rereads:
-    """Which sources a periodic reader reads again: those with an outcome since its last read,
+    """Which sources a periodic reader reads again: those with an outcome, a split or a task
+    waiting for tokens since its last read,
     those it has not read yet, and every source each ``ACTIVE_SOURCES_FULL_READ_SECONDS``, so
     what changes without an outcome (an operator's override, a saved adaptive state) shows
     within that time."""
@@ -51,5 +79,5 @@ class Rereads:
         if now >= self._next_full_read:
             self._next_full_read = now + ACTIVE_SOURCES_FULL_READ_SECONDS
             return set(sources)
-        active = await active_since(redis, since)
+        active = await wanting_since(redis, since)
         return {source for source in sources if source in active or source not in read_before}

@@ -81,7 +81,10 @@ class CircuitBreaker:
         self._last_check = float("-inf")  # none yet: the first check is a full pass
         self._next_full_pass = float("-inf")  # every source with an outcome in the last minute
         self._last_bucket_trim = float("-inf")  # none yet
-        self._seen: dict[str, float] = {}  # source -> its latest activity at the last check
+        self._seen: dict[str, float] = {}  # source -> its latest outcome when last judged
+        # Sources whose minute held an unexpected status when last judged: only their windows
+        # can surge as they age (a window without errors only loses members).
+        self._errored: set[str] = set()
 
     async def check(self, now: float) -> None:
         """Judge every source on its requests up to ``now`` (Unix time, as workers score them)."""
@@ -101,9 +104,13 @@ class CircuitBreaker:
             since, self._next_full_pass = now - contracts.MINUTE_WINDOW_SECONDS, now + BREAKER_FULL_PASS_SECONDS
         else:
             since = self._last_check
+        # A full pass after the first re-judges, of the unchanged, only the windows with errors.
         scores = await active_scores(self._redis, since - ACTIVE_SOURCES_SLACK_SECONDS)
-        recent = set(scores) if full_pass else {s for s, at in scores.items() if self._seen.get(s) != at}
-        self._seen = scores
+        recent = {s for s, at in scores.items() if self._seen.get(s) != at or (full_pass and s in self._errored)}
+        if full_pass:
+            self._seen = {s: at for s, at in self._seen.items() if s in scores}
+            self._errored &= set(scores)
+        self._seen.update(scores)
         self._last_check = now
         # A temporary halt lasts at most a minute past its source's last outcome: few, all judged.
         temp_halted = {as_text(s) for s in await self._redis.smembers(contracts.TEMP_HALTED)}
@@ -131,8 +138,12 @@ class CircuitBreaker:
             replies = await pipe.execute()
         for index, source in enumerate(sources):
             _trimmed, minute, last_50 = replies[index * 3:index * 3 + 3]
-            await self._judge(source, [status_of(m) for m in minute], list(last_50),
-                              source in halted, source in temp_halted)
+            statuses = [status_of(m) for m in minute]
+            if all(is_expected(status) for status in statuses):
+                self._errored.discard(source)
+            else:
+                self._errored.add(source)
+            await self._judge(source, statuses, list(last_50), source in halted, source in temp_halted)
 
     async def _trim_buckets(self, sources: list[str], now: float) -> None:
         """Drop the count windows' buckets that ended before their window began."""

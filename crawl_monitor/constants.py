@@ -83,11 +83,13 @@ ACTIVE_SOURCES_KEPT_SECONDS = 24 * 3600
 ACTIVE_SOURCES_SLACK_SECONDS = 5.0
 # The dashboard re-reads the quiet sources it shows this often (active ones each time).
 ACTIVE_SOURCES_FULL_READ_SECONDS = 60.0
-# The regulator grants tokens to the sources active this recently (and to no other: issue 26,
-# 100,000 sources). Workers score a source while a task waits for its tokens
-# (worker.constants.ACTIVE_HEARTBEAT_SECONDS, a third of this), so a slow or paused source
-# with work stays in, while one with nothing to crawl drops out and its keys expire.
-ACTIVE_SOURCES_TICK_SECONDS = 30.0
+# The regulator grants tokens to the sources active this recently (and to no other).
+# Workers score a source while a task waits for its tokens (worker.constants.
+# ACTIVE_HEARTBEAT_SECONDS, 2 s), so a slow or paused source with work stays in, with
+# ACTIVE_SOURCES_SLACK_SECONDS for the workers' clocks and a beat to spare, while one with
+# nothing to crawl drops out within seconds and its keys expire: the monitor's work per
+# URL follows the seconds its source waits, not a fixed window (docs/decisions.md).
+ACTIVE_SOURCES_TICK_SECONDS = 8.0
 # The adaptive back-off's second reads the sources the regulator asked about this recently
 # (a few of its ticks); one not asked about for ADAPTIVE_FORGET_SECONDS is forgotten (its
 # state waits in adaptive:{source}, restored when it comes back).

@@ -24,7 +24,7 @@ free port: read it from ``runner.addresses[0][1]``). ``redis`` is a
 Endpoints:
 
 - ``/metrics``: Prometheus text format (SPEC.md §6), per source active in the last
-  10 minutes (``active_sources``) or halted or paused (label ``source``): at 100,000
+  10 minutes (``active_sources``, ``waiting_sources``) or halted or paused (label ``source``): at 100,000
   sources seen, reading them all took 15 s of the monitor's loop a scrape (issue 26):
   ``crawler_source_requests_total``, ``crawler_source_successes_total``,
   ``crawler_source_errors_total`` (label ``status``),

@@ -7,7 +7,7 @@ Each source's ``effective_rate`` and ``response_ms`` come from the adaptive back
 ``urls_split:{source}`` - ``urls_ended:{source}``.
 
 A line lists the sources active in its interval (an outcome, a split, a worker waiting
-for their tokens: ``active_sources``) and the halted and paused ones, and counts the rest
+for their tokens: ``active_sources``, ``waiting_sources``) and the halted and paused ones, and counts the rest
 (``general.sources_total``, ``sources_listed``): at 100,000 sources, a line of every
 source was megabytes, and reading them all every 5 s was work for sources with nothing
 going on (issue 26). Even so, at most ``MONITORING_MAX_LISTED`` sources are read and
@@ -27,7 +27,7 @@ from common import contracts
 from common.jsonlog import log_event
 from common.redis_values import as_text, count, finite_number
 from common.protocols import AsyncRedis
-from crawl_monitor.active_sources import active_scores
+from crawl_monitor.active_sources import wanting_scores
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, ACTIVE_SOURCES_TICK_SECONDS,
                                      MONITORING_INTERVAL_SECONDS, MONITORING_MAX_LISTED, MONITORING_SPECIFIC_BYTES,
                                      MONITORING_TRIPPED_BYTES)
@@ -62,7 +62,7 @@ class MonitoringLog:
         since = wall - MONITORING_INTERVAL_SECONDS if self._interval_start is None else self._interval_start
         self._interval_start = wall
         # Granted a rate lately (the regulator's sources), and active in this line's interval.
-        ticked = await active_scores(self._redis, wall - ACTIVE_SOURCES_TICK_SECONDS)
+        ticked = await wanting_scores(self._redis, wall - ACTIVE_SOURCES_TICK_SECONDS)
         active = {s: at for s, at in ticked.items() if at >= since - ACTIVE_SOURCES_SLACK_SECONDS}
         candidates = sorted(stopped | set(active), key=lambda s: (s not in stopped, -active.get(s, 0.0), s))
         candidates = candidates[:MONITORING_MAX_LISTED]

@@ -6,10 +6,11 @@ bucket is SET, never incremented: a token unused within its second is gone
 rather than saved up into a burst. Each SET carries a short expiry, so a
 dead monitor leaves empty buckets behind and the crawl stops (fail closed).
 
-Only the sources active lately (``active_sources``, ``ACTIVE_SOURCES_TICK_SECONDS``: an
-outcome, a split, or a worker waiting for its tokens) are ticked: at 100,000 sources a
-second's work is in proportion to the few hundred being crawled (issue 26). A source that
-drops out has nothing to crawl; its bucket and rate expire within seconds.
+Only the sources active lately (``ACTIVE_SOURCES_TICK_SECONDS``: an outcome in
+``active_sources``, a split or a worker waiting for its tokens in ``waiting_sources``) are
+ticked: a second's work is in proportion to the sources being crawled, not to those seen
+(docs/decisions.md). A source that drops out has nothing to crawl; its bucket and rate
+expire within seconds.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from common.source_sets import stopped_among
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis
 from common.settings import DISCOVERY_ALL, DISCOVERY_LISTS, DISCOVERY_NONE
-from crawl_monitor.active_sources import active_since
+from crawl_monitor.active_sources import wanting_scores
 from crawl_monitor.adaptive import Adaptation
 from crawl_monitor.constants import (ACTIVE_SOURCES_TICK_SECONDS, BUCKET_TTL_MS, LIST_SIZES_REFRESH_SECONDS,
                                      MAX_RETRY_AFTER_SECONDS,
@@ -103,7 +104,7 @@ class Regulator:
     async def tick(self, now: float) -> dict[str, int]:
         """Set the bucket of every source active lately, for the second starting at ``now``
         (Unix time); return the grants. Reads and writes only those sources' keys."""
-        sources = sorted(await active_since(self._redis, now - ACTIVE_SOURCES_TICK_SECONDS))
+        sources = sorted(await wanting_scores(self._redis, now - ACTIVE_SOURCES_TICK_SECONDS))
         self._forget_others(sources, now)
         if not sources:
             self.rates = {}

@@ -5,7 +5,7 @@ so the operator's CLI does not import the web server to read it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from redis.asyncio import Redis
 
@@ -15,7 +15,7 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adap
                               opted_out_key, urls_ended_key, urls_split_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets, stopped_among
-from crawl_monitor.active_sources import Rereads, active_since
+from crawl_monitor.active_sources import Rereads, wanting_since
 from crawl_monitor.constants import SHOWN_RECENT_SECONDS
 
 
@@ -92,16 +92,17 @@ async def shown_sources(redis: Redis, now: float) -> list[str]:
     SHOWN_RECENT_SECONDS and every halted or paused one. Reading every source seen took
     4.5 s of the monitor's loop every 5 s at 100,000 sources, and 15 s a scrape (issue 26)."""
     sets = await read_source_sets(redis, inbound=False)
-    return sorted(await active_since(redis, now - SHOWN_RECENT_SECONDS) | sets.stopped)
+    return sorted(await wanting_since(redis, now - SHOWN_RECENT_SECONDS) | sets.stopped)
 
 
 async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = None,
                        rereads: Rereads | None = None, among: list[str] | None = None) -> dict[str, SourceState]:
     """Every source in ``inbound_sources`` (or only those ``among``) with its counters, limits and halts.
 
-    With ``previous`` and ``rereads`` (a periodic reader), the per-source reads (the adaptive
-    state, the failures by status) are made only for the sources ``rereads`` names; the others
-    keep what ``previous`` holds. The rest is one MGET per key kind, whatever the count.
+    With ``previous`` and ``rereads`` (a periodic reader), only the sources ``rereads`` names
+    are read (one MGET per key kind, their adaptive state and failures by status); the others
+    keep what ``previous`` holds, so a quiet source's expiring rate and tokens show until the
+    next full read (docs/decisions.md).
     """
     if among is None:
         sets = await read_source_sets(redis)
@@ -117,20 +118,23 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
              urls_split_key, urls_ended_key)
     pipe = redis.pipeline(transaction=False)
     for key_of in kinds:
-        pipe.mget([key_of(source) for source in sources])
+        if due:
+            pipe.mget([key_of(source) for source in due])
     for source in due:
         pipe.hgetall(adaptive_key(source))
     for source in due:
         pipe.hgetall(opted_out_key(source))
     replies = await pipe.execute()
-    columns = replies[:len(kinds)]
-    adaptive_states, opted_out_states = replies[len(kinds):len(kinds) + len(due)], replies[len(kinds) + len(due):]
+    columns = replies[:len(kinds)] if due else [[] for _ in kinds]
+    replies = replies[len(kinds):] if due else replies
+    adaptive_states, opted_out_states = replies[:len(due)], replies[len(due):]
     opted_out = {source: signal_counts(raw) for source, raw in zip(due, opted_out_states, strict=True)}
     errors = await _read_errors(redis, due)
     adapted = {source: {as_text(k): finite_number(v) for k, v in (raw or {}).items()}
                for source, raw in zip(due, adaptive_states, strict=True)}
-    states = {}
-    for source, requests, successes, rate, override, tokens, off, split, ended in zip(sources, *columns, strict=True):
+    states = {source: replace(known[source], halted=source in halted, temp_halted=source in temp_halted)
+              for source in sources if source in known}
+    for source, requests, successes, rate, override, tokens, off, split, ended in zip(due, *columns, strict=True):
         before = known.get(source, SourceState())
         adaptive = adapted[source] if source in adapted else {name: getattr(before, name) for name in _ADAPTIVE_FIELDS}
         states[source] = SourceState(
@@ -144,4 +148,4 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
             backlog=backlog(split, ended),
             opted_out=opted_out.get(source, before.opted_out),
         )
-    return states
+    return {source: states[source] for source in sources}  # in name order, read or kept

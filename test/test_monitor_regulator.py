@@ -272,6 +272,7 @@ async def test_a_site_of_a_url_list_is_rated_by_its_count_there(redis, capsys) -
     await redis.hincrby(contracts.LIST_SOURCE_SIZES, "site1.co.uk", 250_002_470)  # the list grows
     assert (await regulator.tick(T0 + 1))["big.example"] == 7
     assert regulator.rates["site1.co.uk"] == 1.0                          # not re-read yet
+    await redis.zadd(contracts.ACTIVE_SOURCES, {"site1.co.uk": T0 + LIST_SIZES_REFRESH_SECONDS - 1})  # still waits
     await regulator.tick(T0 + LIST_SIZES_REFRESH_SECONDS)
     assert regulator.rates["site1.co.uk"] == pytest.approx(100.5)
 

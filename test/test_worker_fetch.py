@@ -525,14 +525,14 @@ async def test_a_waiting_source_is_marked_active_and_idle_ones_are_forgotten(mon
     """Issue 26: the monitor grants tokens only to sources in active_sources, so a task waiting for
     a new source's first token says so; and a worker that met 1,000 sources keeps nothing of those
     no task has asked tokens for in a while."""
-    from common.contracts import ACTIVE_SOURCES, rate_limit_key
+    from common.contracts import WAITING_SOURCES, rate_limit_key
     from worker import tokens as tokens_module
     from worker.constants import TOKENS_FORGET_SECONDS
     redis = FakeRedis()
     tokens = TokenBuckets(redis)
     waiter = asyncio.create_task(tokens.until_available("new"))
     await asyncio.sleep(0.05)
-    assert "new" in redis.store.get(ACTIVE_SOURCES, {})  # before any outcome: the monitor may grant it
+    assert "new" in redis.store.get(WAITING_SOURCES, {})  # before any outcome: the monitor may grant it
     await redis.set(tokens_key("new"), 1)
     await redis.set(rate_limit_key("new"), 2.0)
     await asyncio.wait_for(waiter, 2)

@@ -89,9 +89,10 @@ TOKEN_POLL_MAX = 0.25
 # The waiting sources' peeks share one MGET, at most one every this many seconds (a worker's
 # token reads per second do not grow with its sources).
 TOKEN_PEEK_INTERVAL = 0.01
-# A source whose task waits for tokens is scored in active_sources this often: the monitor
-# grants tokens only to sources active in its last ACTIVE_SOURCES_TICK_SECONDS (30 s).
-ACTIVE_HEARTBEAT_SECONDS = 10.0
+# A source whose task waits for tokens is scored in waiting_sources this often: the monitor
+# grants tokens only to sources active in its last ACTIVE_SOURCES_TICK_SECONDS (8 s), so this
+# short a beat keeps a waiting source in while a finished one drops out soon (docs/decisions.md).
+ACTIVE_HEARTBEAT_SECONDS = 2.0
 # A source no task asked tokens for in this long is forgotten by the worker's TokenBuckets.
 TOKENS_FORGET_SECONDS = 120.0
 # Requests to a source are spaced 1 / rate apart cluster-wide; one may go up to

@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from common.contracts import EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_TOKENS_FORFEITED
-from common.contracts import (ACTIVE_SOURCES, allowed_per_second, rate_limit_key, send_pace_key, sent_log_key,
+from common.contracts import (WAITING_SOURCES, allowed_per_second, rate_limit_key, send_pace_key, sent_log_key,
                               source_requests_key, tokens_key)
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
@@ -259,7 +259,7 @@ class TokenBuckets:
             self._peeking = None
 
     async def _mark_waiting(self, sources: Iterable[str]) -> None:
-        """Score the sources whose tasks wait for tokens in ``active_sources``, at most every
+        """Score the sources whose tasks wait for tokens in ``waiting_sources``, at most every
         ACTIVE_HEARTBEAT_SECONDS each: the monitor grants tokens only to the sources active
         lately (issue 26), and a new source has no outcome yet, a slow or paused one none for
         a long while."""
@@ -272,7 +272,7 @@ class TokenBuckets:
             self._marked = {s: at for s, at in self._marked.items() if at > now - ACTIVE_HEARTBEAT_SECONDS}
         self._marked.update(due)
         pipe = self._redis.pipeline(transaction=False)
-        pipe.zadd(ACTIVE_SOURCES, due, gt=True)
+        pipe.zadd(WAITING_SOURCES, due, gt=True)
         await pipe.execute()
 
     def _pacing_rate(self, source: str) -> float | None:
