@@ -29,7 +29,8 @@ slow start. Capacity discovery is the same controller with a higher top: a sourc
 regulator lets discover starts at a tenth of its ``cap`` and climbs past its limit
 (multiplier above 1) up to it; past the limit a doubling needs more fresh answers, to
 requests sent over seconds at the current grant (``doubling_evidence``), so a site whose
-queue builds is heard before the next doubling and loopback noise is not load
+queue builds is heard before the next doubling and loopback noise is not load, and it
+grows to at most twice the rate the site answered
 (docs/decisions.md, "Capacity discovery"). The state is kept in ``adaptive:{source}``, so a monitor that takes over
 continues where the last one was; ``adaptive_off:{source}`` switches a source back to its
 ceiling.
@@ -127,6 +128,17 @@ def doubling_evidence(level: float) -> tuple[int, float]:
     if level < 1.0:
         return ADAPTIVE_SLOW_START_SAMPLES, 0.0
     return ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS
+
+
+def answered_rate(readings: Iterable[Reading], now: float, seconds: float) -> float:
+    """Answers a second over the newest readings (newest first) that cover ``seconds`` up to ``now``."""
+    total, start = 0, now
+    for reading in readings:
+        total += reading.total
+        start = reading.start
+        if now - start >= seconds:
+            break
+    return total / (now - start) if now > start else 0.0
 
 
 SLOW, FAST = "slow", "fast"
@@ -230,7 +242,12 @@ class Controller:
             self._changed(now)
             return DOWN
         if verdict == FAST and now - max(settled, self.fresh[0].start) >= seconds:
-            self.multiplier = min(top, level * 2)
+            grown = min(top, level * 2)
+            if seconds:  # past the limit: at most twice the rate the site answered (its proof)
+                grown = min(grown, max(level, 2 * answered_rate(reversed(self.fresh), now, seconds) / ceiling))
+            if grown <= level:
+                return HOLD
+            self.multiplier = grown
             self.slow_start = self.multiplier < top
             self._changed(now)
             return UP

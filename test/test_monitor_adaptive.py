@@ -245,7 +245,7 @@ def test_discovery_climbs_only_while_answers_stay_fast() -> None:
     assert c.rate(1, 32) == pytest.approx(3.2)  # a 1 req/s list site starts at a tenth of its cap...
     rates = []
     for i in range(12):
-        c.observe_fresh(fresh(T0 + i, 30, n=10), 1, T0 + i + 1, 32)
+        c.observe_fresh(fresh(T0 + i, 30, n=40), 1, T0 + i + 1, 32)
         rates.append(c.rate(1, 32))
     # each grant held for 2 s of answers to its own requests (a second more for their lag)
     assert rates == pytest.approx([3.2, 6.4, 6.4, 6.4, 12.8, 12.8, 12.8, 25.6, 25.6, 25.6, 32, 32])
@@ -278,6 +278,20 @@ def test_the_discovery_slow_start_doubles_only_on_enough_fresh_fast_answers(answ
     assert got == verdicts
     if verdicts[-1] == DOWN:
         assert c.rate(1, 32) == pytest.approx(3.2) and not c.slow_start  # 6.4 halved
+
+
+@pytest.mark.parametrize("per_second, rates", [
+    (2, [3.2, 3.2, 3.2, 4, 4, 4]),            # the workers send 2 a second: 4 req/s at most
+    (5, [3.2, 6.4, 6.4, 6.4, 10, 10]),        # 5 a second: twice that
+    (40, [3.2, 6.4, 6.4, 6.4, 12.8, 12.8]),   # as granted: doubles
+])
+def test_a_discovering_grant_grows_to_at_most_twice_what_the_site_answered(per_second, rates) -> None:
+    c = Controller()
+    got = []
+    for i in range(6):
+        c.observe_fresh(fresh(T0 + i, 30, n=per_second), 1, T0 + i + 1, 32)
+        got.append(c.rate(1, 32))
+    assert got == pytest.approx(rates)
 
 
 def test_discovery_reaches_its_cap_within_seconds_of_the_first_request() -> None:
