@@ -26,7 +26,11 @@ recorded since the last look (``observe_fresh``): a few (``ADAPTIVE_SLOW_START_S
 to requests made after the last doubling, tell "as fast as at first" from "slower". The
 first slow-down halves the multiplier (back to the last rate answered fast) and ends the
 slow start. Capacity discovery is the same controller with a higher top: a source the
-regulator lets discover climbs past its limit (multiplier above 1) up to its ``cap``
+regulator lets discover starts at a tenth of its ``cap`` and climbs past its limit
+(multiplier above 1) up to it; past the limit a doubling needs more fresh answers, to
+requests sent over seconds at the current grant (``doubling_evidence``), so a site whose
+queue builds is heard before the next doubling and loopback noise is not load, and it
+grows to at most twice the rate the site answered
 (docs/decisions.md, "Capacity discovery"). The state is kept in ``adaptive:{source}``, so a monitor that takes over
 continues where the last one was; ``adaptive_off:{source}`` switches a source back to its
 ceiling.
@@ -48,7 +52,8 @@ from common.redis_values import as_text, finite_number
 from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket
 from crawl_monitor.active_sources import active_since
 from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
-                                     ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE, ADAPTIVE_FLOOR_RPS,
+                                     ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
+                                     ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_FLOOR_RPS,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
                                      ADAPTIVE_RECOVERED_FACTOR, ADAPTIVE_RECOVERED_MIN_EXTRA_MS,
@@ -110,6 +115,32 @@ def top_share(limit: float, cap: float | None) -> float:
     return max(1.0, cap / limit)
 
 
+def start_share(limit: float, cap: float | None) -> float:
+    """Where a slow start begins: a tenth of the top (the limit, or discovery's ceiling)."""
+    return ADAPTIVE_START_SHARE * top_share(limit, cap)
+
+
+def doubling_evidence(level: float) -> tuple[int, float]:
+    """(fresh answers, seconds at the current grant) a slow-start doubling from ``level`` (a
+    share of the limit) needs: a few below the limit; past it, where only the site's answers
+    vouch for the rate, more answers over a second or more, so a site whose queue builds at the
+    new rate is heard before the next doubling."""
+    if level < 1.0:
+        return ADAPTIVE_SLOW_START_SAMPLES, 0.0
+    return ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS
+
+
+def answered_rate(readings: Iterable[Reading], now: float, seconds: float) -> float:
+    """Answers a second over the newest readings (newest first) that cover ``seconds`` up to ``now``."""
+    total, start = 0, now
+    for reading in readings:
+        total += reading.total
+        start = reading.start
+        if now - start >= seconds:
+            break
+    return total / (now - start) if now > start else 0.0
+
+
 SLOW, FAST = "slow", "fast"
 
 
@@ -131,7 +162,13 @@ class Controller:
     fresh: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))  # since the change
 
     def rate(self, ceiling: float, cap: float | None = None) -> float:
-        return ceiling * min(top_share(ceiling, cap), max(self.multiplier, floor_share(ceiling)))
+        return ceiling * self.level(ceiling, cap)
+
+    def level(self, ceiling: float, cap: float | None = None) -> float:
+        """The share of the limit granted now: the multiplier between the floor and the top, and
+        during the slow start at least its beginning (``start_share``)."""
+        start = start_share(ceiling, cap) if self.slow_start else 0.0
+        return min(top_share(ceiling, cap), max(self.multiplier, floor_share(ceiling), start))
 
     def baseline(self, now: float) -> float | None:
         if self.baseline_ms is None:
@@ -178,31 +215,39 @@ class Controller:
         return WAIT if baseline is None else HOLD
 
     def observe_fresh(self, reading: Reading, ceiling: float, now: float, cap: float | None = None) -> str:
-        """The slow start: answers recorded from ``reading.start`` to ``now``. Double once a
-        few answers to requests made after the last change are as fast as at first; at the
-        first slow-down halve, back to the last rate answered fast, and end the slow start."""
+        """The slow start: answers recorded from ``reading.start`` to ``now``. Double once
+        enough answers to requests made after the last change (``doubling_evidence``) are as
+        fast as at first; at the first slow-down halve, back to the last rate answered fast,
+        and end the slow start."""
         if not self.slow_start:
             return WAIT
+        level = self.level(ceiling, cap)
+        samples, seconds = doubling_evidence(level)
         # Most of the span must come after the change, by the site's time and the worker's lag.
-        lag = ADAPTIVE_ANSWER_LAG_SECONDS + (self.baseline(now) or 0.0) / 1000
-        if (reading.start + now) / 2 < self.changed_at + lag:
+        settled = self.changed_at + ADAPTIVE_ANSWER_LAG_SECONDS + (self.baseline(now) or 0.0) / 1000
+        if (reading.start + now) / 2 < settled:
             return WAIT
         self.fresh.append(reading)
-        bins, overload, total = _merged(reversed(self.fresh), ADAPTIVE_SLOW_START_SAMPLES)
-        if total < ADAPTIVE_SLOW_START_SAMPLES:
+        bins, overload, total = _merged(reversed(self.fresh), samples)
+        if total < samples:
             return WAIT
         median, baseline = median_ms(bins), self.baseline(now)
         if median is not None and (baseline is None or median < baseline):
             self.baseline_ms, self.baseline_at = median, now
         verdict = self._judge(bins, overload, total, self.baseline(now))
         lowest, top = floor_share(ceiling), top_share(ceiling, cap)
-        if verdict == SLOW:
-            self.multiplier = max(lowest, min(top, max(self.multiplier, lowest)) / 2)
+        if verdict == SLOW:  # one doubling back, and by steps from there
+            self.multiplier = max(lowest, level / 2)
             self.slow_start = False
             self._changed(now)
             return DOWN
-        if verdict == FAST:
-            self.multiplier = min(top, max(self.multiplier, lowest) * 2)
+        if verdict == FAST and now - max(settled, self.fresh[0].start) >= seconds:
+            grown = min(top, level * 2)
+            if seconds:  # past the limit: at most twice the rate the site answered (its proof)
+                grown = min(grown, max(level, 2 * answered_rate(reversed(self.fresh), now, seconds) / ceiling))
+            if grown <= level:
+                return HOLD
+            self.multiplier = grown
             self.slow_start = self.multiplier < top
             self._changed(now)
             return UP

@@ -7,7 +7,8 @@ import pytest
 
 from common import contracts
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_SECONDS, bin_of, bucket_start, median_ms, parse_bucket
-from crawl_monitor.adaptive import DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading
+from crawl_monitor.adaptive import (DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading, doubling_evidence,
+                                    start_share)
 from crawl_monitor.constants import ADAPTIVE_FLOOR_RPS, ADAPTIVE_READINGS_KEPT, ADAPTIVE_START_SHARE
 from crawl_monitor.regulator import Regulator
 from test.test_monitor_fakes import FakeAsyncRedis
@@ -241,18 +242,82 @@ def test_discovery_holds_a_list_site_near_its_capacity_and_never_above_the_ceili
 def test_discovery_climbs_only_while_answers_stay_fast() -> None:
     """Multiplicatively in the slow start, then by steps; never past the cap; down at the first slow-down."""
     c = Controller()
-    assert c.rate(1, 32) == 1  # a 1 req/s list site starts at its limit...
+    assert c.rate(1, 32) == pytest.approx(3.2)  # a 1 req/s list site starts at a tenth of its cap...
     rates = []
-    for i in range(8):
-        c.observe_fresh(fresh(T0 + i, 30), 1, T0 + i + 1, 32)
+    for i in range(12):
+        c.observe_fresh(fresh(T0 + i, 30, n=40), 1, T0 + i + 1, 32)
         rates.append(c.rate(1, 32))
-    assert rates == [2, 4, 8, 16, 32, 32, 32, 32] and not c.slow_start  # ... and doubles to the cap
+    # each grant held for 2 s of answers to its own requests (a second more for their lag)
+    assert rates == pytest.approx([3.2, 6.4, 6.4, 6.4, 12.8, 12.8, 12.8, 25.6, 25.6, 25.6, 32, 32])
+    assert not c.slow_start  # ... and doubles to it
     assert c.observe(reading(T0 + 20, 300), 1, T0 + 23, cap=32) == DOWN  # 10x its unloaded time
     assert c.rate(1, 32) == pytest.approx(32 * 0.7)
     assert c.observe(reading(T0 + 24, 30), 1, T0 + 27, cap=32) == UP
     assert c.rate(1, 32) == pytest.approx(32 * 0.7 + 1)  # + max(1 req/s, 2% of the cap)
     assert c.rate(1) == 1 and c.rate(1, None) == 1  # no cap (discovery off, an override): its limit
     assert c.rate(40, 32) == 40  # a cap below the limit never lowers it
+
+
+@pytest.mark.parametrize("level, evidence", [(0.1, (3, 0.0)), (0.99, (3, 0.0)), (1.0, (8, 2.0)), (12.8, (8, 2.0))])
+def test_a_doubling_past_the_limit_needs_more_answers_over_a_second(level, evidence) -> None:
+    assert doubling_evidence(level) == evidence
+    assert start_share(1, 32) == pytest.approx(3.2) and start_share(40, 32) == start_share(40, None) == 0.1
+
+
+@pytest.mark.parametrize("answers, verdicts", [
+    # (ms, answers) per look, 1 s apart, at 3.2 req/s then at each grant the verdicts give
+    ([(30, 2), (30, 2), (30, 2), (30, 2)], [WAIT, WAIT, WAIT, UP]),         # 8 answers before a doubling
+    ([(30, 9)] * 5, [HOLD, UP, HOLD, HOLD, UP]),                              # 2 s at each grant
+    ([(207, 4), (207, 4), (215, 4), (230, 4), (215, 4)], [WAIT, UP, WAIT, HOLD, UP]),  # 4-10% slower: not load
+    ([(200, 8), (200, 8), (330, 8), (330, 8)], [HOLD, UP, HOLD, HOLD]),      # past 1.5x: held, not doubled
+    ([(200, 8), (200, 8), (500, 8)], [HOLD, UP, DOWN]),                       # past 2x and +100 ms: one back
+])
+def test_the_discovery_slow_start_doubles_only_on_enough_fresh_fast_answers(answers, verdicts) -> None:
+    c = Controller()
+    got = [c.observe_fresh(fresh(T0 + i, ms, n=n), 1, T0 + i + 1, 32) for i, (ms, n) in enumerate(answers)]
+    assert got == verdicts
+    if verdicts[-1] == DOWN:
+        assert c.rate(1, 32) == pytest.approx(3.2) and not c.slow_start  # 6.4 halved
+
+
+@pytest.mark.parametrize("per_second, rates", [
+    (2, [3.2, 3.2, 3.2, 4, 4, 4]),            # the workers send 2 a second: 4 req/s at most
+    (5, [3.2, 6.4, 6.4, 6.4, 10, 10]),        # 5 a second: twice that
+    (40, [3.2, 6.4, 6.4, 6.4, 12.8, 12.8]),   # as granted: doubles
+])
+def test_a_discovering_grant_grows_to_at_most_twice_what_the_site_answered(per_second, rates) -> None:
+    c = Controller()
+    got = []
+    for i in range(6):
+        c.observe_fresh(fresh(T0 + i, 30, n=per_second), 1, T0 + i + 1, 32)
+        got.append(c.rate(1, 32))
+    assert got == pytest.approx(rates)
+
+
+def test_discovery_reaches_its_cap_within_seconds_of_the_first_request() -> None:
+    """A 1 req/s list site answering in 200 ms at any rate: 32 req/s within 12 s. Modelled as
+    ``test_the_slow_start_reaches_any_limit_within_seconds``."""
+    c, t, sent, answers, looked = Controller(), T0, T0, [], T0
+    while c.rate(1, 32) < 32 and t < T0 + 30:
+        t += 0.01
+        while sent + 1 / c.rate(1, 32) <= t:
+            sent += 1 / c.rate(1, 32)
+            answers.append(sent + 0.3)
+        if t >= looked + 1:
+            n = sum(looked < at <= t for at in answers)
+            if n:
+                c.observe_fresh(fresh(looked, 200, n=n), 1, t, 32)
+            looked = t
+    assert t - T0 <= 12.5
+
+
+@pytest.mark.parametrize("slots, latency", [(2, 0.186), (2, 0.229), (3, 0.25), (2, 0.15)])
+def test_discovery_hears_a_fragile_site_before_twice_its_capacity(slots, latency) -> None:
+    """A 1 req/s list site of 8-13 req/s capacity, 32 req/s cap: the slow start stops by about
+    twice its capacity (a doubling from just below it), and its median stays within 3x unloaded."""
+    grants: list[float] = []
+    median, _ = model_site(enabled=True, seconds=120, limit=1, cap=32, slots=slots, latency=latency, grants=grants)
+    assert max(grants) <= 2.2 * slots / latency and median <= 3 * latency, (max(grants), median)
 
 
 def answered(store, source: str, at: float, seconds: float, times: int) -> None:
