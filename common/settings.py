@@ -83,7 +83,7 @@ class Settings:
     # is granted (req/s), and which sources may: "lists" (not in SOURCES_URL), "all" or "none".
     discovery_max_rate: float = 32.0
     discovery_sources: str = "lists"
-    # Consent (issue 45, README "Politeness"): product tokens whose robots.txt groups bind us too,
+    # Consent (README "Consent"): product tokens whose robots.txt groups bind us too,
     # and a switch per further signal, each on by default.
     robots_extra_tokens: tuple[str, ...] = ()
     consent_tdmrep: bool = True

@@ -225,7 +225,18 @@ async def _read_capped(response: aiohttp.ClientResponse) -> str:
 async def fetch_robots(session: aiohttp.ClientSession, origin: str,
                        guard: AddressGuard) -> RobotsFile:
     """Fetch origin's robots.txt, checking every redirect hop with the address guard."""
-    url = f"{origin}/robots.txt"
+    return await fetch_origin_file(session, f"{origin}/robots.txt", guard, _rules)
+
+
+async def _rules(response: aiohttp.ClientResponse) -> RobotsFile:
+    return RobotsFile(RULES, await _read_capped(response), response.status)
+
+
+async def fetch_origin_file(session: aiohttp.ClientSession, url: str, guard: AddressGuard,
+                            answer: Callable[[aiohttp.ClientResponse], Awaitable[RobotsFile]]) -> RobotsFile:
+    """GET a per-origin rules file (robots.txt, tdmrep.json), every redirect hop checked by the
+    address guard: a 2xx is ``answer``'s to read, a 429 or 5xx unavailable, any other status or
+    too many redirects no file (RFC 9309: "unavailable" as a 4xx)."""
     timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
     try:
         for _ in range(MAX_REDIRECTS + 1):
@@ -236,11 +247,11 @@ async def fetch_robots(session: aiohttp.ClientSession, origin: str,
                     url = urljoin(url, response.headers["Location"])
                     continue
                 if 200 <= status < 300:
-                    return RobotsFile(RULES, await _read_capped(response), status)
+                    return await answer(response)
                 if status == 429 or status >= 500:
                     return RobotsFile(UNAVAILABLE, status=status)
-                return RobotsFile(ALLOW_ALL, status=status)  # 4xx: no rules for us
-        return RobotsFile(ALLOW_ALL)  # RFC 9309: too many redirects means "unavailable" (4xx)
+                return RobotsFile(ALLOW_ALL, status=status)  # 4xx: no file, no rules for us
+        return RobotsFile(ALLOW_ALL)  # too many redirects
     except (Refused, aiohttp.InvalidURL):
         return RobotsFile(DISALLOW_ALL)  # a hop we must not or cannot follow: no answer will come
     except (TimeoutError, aiohttp.ClientError, OSError):

@@ -23,23 +23,20 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urljoin
 
 import aiohttp
 
 from common.contracts import EVENT_TDMREP_FETCHED, SIGNAL_TDMREP_FILE, tdmrep_key, tdmrep_lock_key
 from common.statuses import Status
-from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.consent import Decision
 from worker.politeness.path_pattern import MAX_PATTERN_CHARS, FirstMatch, url_path
-from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, FETCH_TIMEOUT, MAX_REDIRECTS, RULES,
-                                      RULES_BASE_BYTES, UNAVAILABLE, RobotsCache, RobotsFile, Rules)
+from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, RULES, RULES_BASE_BYTES, RobotsCache, RobotsFile,
+                                      Rules, fetch_origin_file)
 
 TDMREP_PATH = "/.well-known/tdmrep.json"
 MAX_FILE_BYTES = 512 * 1024   # read no more; a real file is a few rules
 MAX_RULES_BYTES = 64 * 1024   # the rules kept in Redis and parsed by every worker, as robots.txt's group
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 # Parsed rules cost about this much a rule (its compiled pattern) and a character kept
 # (tracemalloc, bench.consent; docs/decisions.md).
 TDM_BYTES_PER_RULE = 1200
@@ -73,26 +70,11 @@ def condensed_rules(text: str) -> str | None:
 async def fetch_tdmrep(session: aiohttp.ClientSession, origin: str, guard: AddressGuard) -> RobotsFile:
     """Fetch origin's tdmrep.json, every redirect hop checked by the address guard; the body of a
     RULES answer is the condensed rules (``condensed_rules``)."""
-    url = f"{origin}{TDMREP_PATH}"
-    timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
-    try:
-        for _ in range(MAX_REDIRECTS + 1):
-            await guard.check(url)
-            async with session.get(url, allow_redirects=False, timeout=timeout) as response:
-                status = response.status
-                if status in _REDIRECTS and "Location" in response.headers:
-                    url = urljoin(url, response.headers["Location"])
-                    continue
-                if 200 <= status < 300:
-                    return _answer(await _read_up_to(response, MAX_FILE_BYTES + 1), status)
-                if status == 429 or status >= 500:
-                    return RobotsFile(UNAVAILABLE, status=status)
-                return RobotsFile(ALLOW_ALL, status=status)  # no file: nothing reserved
-        return RobotsFile(ALLOW_ALL)  # a redirect loop: no file
-    except (Refused, aiohttp.InvalidURL, ValueError):
-        return RobotsFile(DISALLOW_ALL)  # a hop we must not or cannot follow: no answer will come
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        return RobotsFile(UNAVAILABLE)
+    return await fetch_origin_file(session, f"{origin}{TDMREP_PATH}", guard, _tdmrep_answer)
+
+
+async def _tdmrep_answer(response: aiohttp.ClientResponse) -> RobotsFile:
+    return _answer(await _read_up_to(response, MAX_FILE_BYTES + 1), response.status)
 
 
 async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:
