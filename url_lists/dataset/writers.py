@@ -33,7 +33,7 @@ OUTCOME_FIELDS = [
     pa.field("status", pa.string()),            # success, link_rot, error (img2dataset's name; "success" alike)
     pa.field("error_message", pa.string()),     # an error's reason (img2dataset's name)
     pa.field("http_status", pa.int32()),
-    pa.field("width", pa.int32()),              # the image's real size, as measured by the crawler
+    pa.field("width", pa.int32()),              # the downloaded image's own size, not the thumbnail's
     pa.field("height", pa.int32()),
     pa.field("compression_quality", pa.int32()),  # JPEG quality 1-100; null for other formats
     pa.field("filesize", pa.int64()),           # bytes downloaded
