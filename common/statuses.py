@@ -30,6 +30,7 @@ class Status(StrEnum):
     UNIDENTIFIED_IMAGE = "UnidentifiedImageError"  # the body is no image Pillow knows
     DECOMPRESSION_BOMB = "DecompressionBomb"     # more pixels than MAX_IMAGE_PIXELS
     IMAGE_WORKER_CRASHED = "ImageWorkerCrashed"  # the decoder died on it, twice
+    IMAGE_TIMEOUT = "ImageTimeout"               # the decoder did not answer within IMAGE_TIMEOUT
     # A downstream of ours refused this one URL's output (not an outage, which is waited out):
     THUMBNAIL_REFUSED = "ThumbnailRefused"       # S3 answered the thumbnail's PUT with a 4xx about it
     MESSAGE_REFUSED = "MessageRefused"           # Kafka refused an outcome message (too large, invalid)

@@ -140,6 +140,25 @@ async def test_an_image_that_kills_its_process_twice_is_an_error_and_the_pool_go
     assert capsys.readouterr().out.count("image_pool_broken") == 2  # tried once more, in a new process
 
 
+async def test_a_process_that_never_answers_ends_its_image_and_the_one_queued_behind_goes_again(capsys) -> None:
+    """A decoder stuck for good (here: asleep) must not hold its task, or the one queued behind
+    it, forever: past the timeout the image is an error, the process is replaced, and the
+    queued image is analysed in the new one."""
+    pool = ImagePool(processes=1, timeout=5.0)  # a new process starts well within it, even on a busy machine
+    try:
+        stuck = asyncio.create_task(pool._run(1, time.sleep, 3600))
+        await asyncio.sleep(0.1)
+        queued = asyncio.create_task(pool.analyze(image_bytes("PNG", (50, 20)), TARGET))
+        assert await asyncio.wait_for(stuck, 30) == pool_module.Analysis(error=pool_module.TIMED_OUT)
+        first = await asyncio.wait_for(queued, 30)
+        assert (first.width, first.height) == (50, 20)
+        processes = [pooled.process for pooled in pool._processes]
+    finally:
+        pool.close()
+    assert not any(process.is_alive() for process in processes)
+    assert capsys.readouterr().out.count("image_pool_broken") == 2  # the stuck one, the queued one
+
+
 async def test_a_cancelled_analysis_leaves_no_stale_answer_for_the_next_one() -> None:
     """Its answer still arrives, behind the queued one, and is dropped."""
     pool = ImagePool(processes=1)

@@ -43,6 +43,10 @@ MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a mes
 # Each pool process has one image in hand and one queued, so it never waits
 # for the event loop between images.
 REQUESTS_PER_PROCESS = 2
+# Seconds a pool request may wait for its answer (the image queued ahead of it included); past
+# it the process is killed and the image ends as ImageTimeout. Decoding a 12 MP photo takes
+# well under a second: this bounds a decoder that never returns, not a busy machine.
+IMAGE_TIMEOUT = 120.0
 # Pool processes run at this nice value: on a busy machine the image work yields
 # the CPU to the event loop, whose timing is what keeps requests evenly spaced.
 IMAGE_PROCESS_NICENESS = 10

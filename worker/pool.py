@@ -19,7 +19,10 @@ socket carries the body.
 
 A pool process that dies (a decoder crash, the OOM killer) is replaced and
 its images are tried once more in the new one, so one hostile file costs one
-error, not the worker.
+error, not the worker. One that does not answer within ``IMAGE_TIMEOUT``
+(a decoder that never returns, a process stopped) is killed and replaced the
+same way: the image it held ends as ``ImageTimeout``, the others it had queued
+are tried again, so no task waits for an answer forever.
 """
 from __future__ import annotations
 
@@ -37,13 +40,14 @@ from common.contracts import EVENT_IMAGE_POOL_BROKEN, EVENT_IMAGE_SHARED_MEMORY_
 from common.jsonlog import log_event
 from common.statuses import Status
 from worker import metrics
-from worker.constants import IMAGE_PROCESS_NICENESS, REQUESTS_PER_PROCESS
+from worker.constants import IMAGE_PROCESS_NICENESS, IMAGE_TIMEOUT, REQUESTS_PER_PROCESS
 from worker.image_process import (FAILED, LENGTH, UNREADABLE, SegmentUnreadable, analyze_shared,
                                   serve)
 from worker.imaging import Analysis, analyze
 from worker.shared_memory import Body
 
 CRASHED = Status.IMAGE_WORKER_CRASHED
+TIMED_OUT = Status.IMAGE_TIMEOUT
 
 
 def default_pool_size() -> int:
@@ -51,8 +55,11 @@ def default_pool_size() -> int:
 
 
 class ImagePool:
-    def __init__(self, processes: int | None = None):
+    def __init__(self, processes: int | None = None, timeout: float = IMAGE_TIMEOUT):
+        """``timeout``: seconds a request may wait for its answer, its turn behind the one queued
+        ahead of it included."""
         self.processes = processes or default_pool_size()
+        self._timeout = timeout
         self._processes = [PoolProcess.start() for _ in range(self.processes)]
         self._slots = asyncio.Semaphore(self.processes * REQUESTS_PER_PROCESS)
         self._shared = True  # until a pool process cannot open a segment
@@ -78,11 +85,16 @@ class ImagePool:
                 process = min(self._processes, key=lambda candidate: candidate.queued)
                 try:
                     with metrics.IMAGE_POOL.busy(process):
-                        outcome, value = await process.call(request)
+                        async with asyncio.timeout(self._timeout):
+                            outcome, value = await process.call(request)
                 except ProcessDied:
                     log_event(EVENT_IMAGE_POOL_BROKEN, attempt=attempt, size=size)
                     self._replace(process)
                     continue
+                except TimeoutError:  # its stream is out of step for good: the others it held go again
+                    log_event(EVENT_IMAGE_POOL_BROKEN, attempt=attempt, size=size, timed_out=self._timeout)
+                    self._replace(process)
+                    return Analysis(error=TIMED_OUT)
             if outcome == UNREADABLE:
                 raise SegmentUnreadable(value)
             if outcome == FAILED:
