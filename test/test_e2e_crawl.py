@@ -69,8 +69,24 @@ def outcome_report(outcomes: Outcomes, plan: list[Planned]) -> str:
     return f"{len(outcomes.missing())} uuids without an outcome, by source: {by_source}"
 
 
-def assert_outcomes(outcomes: Outcomes, plan: list[Planned]) -> None:
+def missing_report(outcomes: Outcomes, plan: list[Planned], web: SimWeb, kafka_hosts: str) -> str:
+    """Where the first few URLs without an outcome got to: what their sites logged, and whether a
+    second reader of the outcome topics finds an outcome (the first reader missed it) or not
+    (no worker sent one); and any hole in the offsets the first reader got."""
+    missing = [p for p in plan if p.uuid in outcomes.missing()][:5]
+    with Outcomes(kafka_hosts, [p.uuid for p in missing]) as again:
+        again.wait(20)
+    lines = [f"{p.source} {p.path} {p.uuid}: site log "
+             f"{[(round(r.time, 3), r.status) for r in web.sites[p.source.lower()].log if r.path == p.path]}, "
+             f"a second reader finds {dict(again.kinds.get(p.uuid, {})) or 'no outcome'}" for p in missing]
+    return "\n".join([*lines, f"offset gaps seen by the first reader: {outcomes.gaps}"])
+
+
+def assert_outcomes(outcomes: Outcomes, plan: list[Planned], web: SimWeb | None = None,
+                    kafka_hosts: str | None = None) -> None:
     """Exactly one terminal kind per uuid, and the kind the path calls for."""
+    if not outcomes.done and web is not None and kafka_hosts is not None:
+        raise AssertionError(f"{outcome_report(outcomes, plan)}\n{missing_report(outcomes, plan, web, kafka_hosts)}")
     assert outcomes.done, outcome_report(outcomes, plan)
     assert not outcomes.conflicts(), f"uuids with two terminal kinds: {outcomes.conflicts()}"
     wrong = [(p.source, p.path, outcomes.kind_of(p.uuid)) for p in plan if outcomes.kind_of(p.uuid) not in p.expect]
@@ -187,7 +203,7 @@ def test_2000_urls_over_20_sources_each_get_one_outcome_politely(crawl_env, s3_e
         codes = cluster.stop()
     print(f"\n[e2e] {N_URLS} URLs, {N_SOURCES} sources: every outcome in {crawled:.0f} s; "
           f"totals {dict(outcomes.totals())}, duplicates {outcomes.duplicates()}")
-    assert_outcomes(outcomes, plan)
+    assert_outcomes(outcomes, plan, web, crawl_env["KAFKA_HOSTS"])
     assert_quality_messages(outcomes, plan, web)
     assert_thumbnails(s3_endpoint, [u for u in outcomes.kinds if outcomes.kind_of(u) == QUALITY])
     assert_polite(web, WORKERS)
