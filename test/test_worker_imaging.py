@@ -5,11 +5,11 @@ import io
 import json
 
 import pytest
-from PIL import Image
+from PIL import Image, JpegImagePlugin
 
 from test.worker_fakes import exif_jpeg, image_bytes, png_bomb
 from worker import webp
-from worker.imaging import BOMB, UNIDENTIFIED, analyze
+from worker.imaging import BOMB, UNIDENTIFIED, analyze, fitted_size
 from worker.jpeg_quality import estimate_quality
 from worker.pool import ImagePool
 
@@ -46,6 +46,40 @@ def test_large_jpeg_uses_draft_mode_and_keeps_true_size() -> None:
     result = analyze(image_bytes("JPEG", (4000, 3000)), 640)
     assert (result.width, result.height) == (4000, 3000)
     assert max(thumb(result.thumbnail).size) == 640
+
+
+@pytest.mark.parametrize("width, height, target", [
+    (1600, 900, 640), (900, 1600, 640), (640, 640, 640), (641, 640, 640), (640, 641, 640), (1, 5000, 640),
+    (5000, 1, 640), (1002, 333, 100), (333, 1002, 100), (20, 10, 64), (3, 7, 1), (4000, 3000, 640)])
+def test_the_thumbnail_size_is_pillows(width: int, height: int, target: int) -> None:
+    image = Image.new("1", (width, height))
+    image.thumbnail((target, target))
+    assert fitted_size(width, height, target) == image.size
+
+
+def test_a_wide_jpeg_is_decoded_at_the_dct_scale_its_thumbnail_allows(monkeypatch) -> None:
+    """1600 x 900 to 640 x 360: half scale (800 x 450) is still larger; the target square alone
+    (900 // 640 = 1) would have decoded it whole."""
+    decoded: list[tuple[int, int]] = []
+    draft = JpegImagePlugin.JpegImageFile.draft
+
+    def spy(self: JpegImagePlugin.JpegImageFile, mode: str | None, size: tuple[int, int] | None) -> object:
+        answer = draft(self, mode, size)
+        decoded.append(self.size)
+        return answer
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
+    gradient = Image.linear_gradient("L").resize((1600, 900)).convert("RGB")
+    out = io.BytesIO()
+    gradient.save(out, "JPEG", quality=95)
+    result = analyze(out.getvalue(), 640)
+    assert decoded == [(800, 450)]
+    assert (result.width, result.height) == (1600, 900)
+    thumbnail = thumb(result.thumbnail)
+    assert thumbnail.size == (640, 360)
+    reference = gradient.resize((640, 360), Image.Resampling.LANCZOS)
+    pairs = zip(thumbnail.convert("L").getdata(), reference.convert("L").getdata(), strict=True)
+    assert max(abs(a - b) for a, b in pairs) <= 8
 
 
 @pytest.mark.parametrize("data", [

@@ -9,6 +9,7 @@ process boundary would have to be pickled and classified again.
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -56,22 +57,42 @@ def analyze(data: bytes, target_resolution: int) -> Analysis:
 
 def _analyze(data: bytes, target_resolution: int) -> Analysis:
     with Image.open(io.BytesIO(data)) as image:
-        width, height = image.size  # before thumbnail()'s draft mode shrinks it
+        width, height = image.size  # before draft mode shrinks it
         quality = None
         if image.format in ("JPEG", "MPO"):
             quality = estimate_quality(getattr(image, "quantization", None) or {})
         exif = exif_to_json(image.getexif()) or None
         # An opaque still WebP: the same pixels from libwebp's plain decoder, for less CPU.
         pixels: Image.Image = (webp.decoded(data, image) if image.format == "WEBP" else None) or image
-        # The first frame; a JPEG in draft mode (decoded at a reduced DCT scale).
-        pixels.thumbnail((target_resolution, target_resolution), RESAMPLE,
-                         reducing_gap=THUMBNAIL_REDUCING_GAP)
-        # An image already within the target is not decoded by thumbnail(); saved unloaded, it
-        # would be decoded and then copied whole (Image.save's _ensure_mutable): load it here.
-        pixels.load()
+        size = fitted_size(width, height, target_resolution)
+        if size == (width, height):
+            # Saved unloaded, it would be decoded and then copied whole (Image.save's
+            # _ensure_mutable): loaded here.
+            pixels.load()
+        else:
+            # The first frame. A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at
+            # least ``size``: thumbnail() asks for one at least the target square, so a 1600 x
+            # 1000 photo was decoded whole (docs/decisions.md, "Thumbnails").
+            drafted = pixels.draft(None, size)
+            pixels = pixels.resize(size, RESAMPLE, box=drafted[1] if drafted else None,
+                                   reducing_gap=THUMBNAIL_REDUCING_GAP)
         thumbnail = _encode_jpeg(_to_rgb(pixels))
     return Analysis(width=width, height=height, compression_quality=quality,
                     exif=exif, thumbnail=thumbnail)
+
+
+def fitted_size(width: int, height: int, target: int) -> tuple[int, int]:
+    """The size ``Image.thumbnail((target, target))`` gives a ``width`` x ``height`` image: the
+    same aspect within the square, each side rounded to the nearer aspect, at least 1."""
+    if width <= target and height <= target:
+        return width, height
+    aspect = width / height
+    if aspect >= 1:
+        exact = target / aspect
+        sides = (math.floor(exact), math.ceil(exact))
+        return target, max(min(sides, key=lambda n: 0 if n == 0 else abs(aspect - target / n)), 1)
+    exact = target * aspect
+    return max(min((math.floor(exact), math.ceil(exact)), key=lambda n: abs(aspect - n / target)), 1), target
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
