@@ -41,7 +41,7 @@ from url_lists.dataset.collector import Collector, DatasetOptions
 from url_lists.dataset.inputs import write_input_shard
 from url_lists.dataset.keys import new_run_id, row_identifier, sample_key
 from url_lists.dataset.outcomes import OUTCOME_TOPICS
-from worker.thumbnails import s3_thumbnails
+from worker.imaging.thumbnails import s3_thumbnails
 
 BUCKET = "cc-image-analysis"
 PEER_PYTHON = Path(__file__).resolve().parent / ".venv-img2dataset" / "bin" / "python"

@@ -4,7 +4,7 @@ The real monitor (splitter, regulator, breaker, back-off), Redis and the broker 
 local stack, driven by simulated workers: each is the worker's own scheduler (parking
 included), wait line and halted line, token buckets, stats script and outcome message,
 with the network and the image work replaced by an instant answer (a token taken, then
-a 200 recorded and a quality message sent, as ``worker.task`` does after a download).
+a 200 recorded and a quality message sent, as ``worker.outcomes.task`` does after a download).
 URLs go to ``inbound_images`` at rising rates (``--rates``, each for ``--seconds``),
 each from a different one of ``--sources`` sources (100,000: every one active) whose
 ``override_rate`` lets it through. For each stage, from the differences over it:
@@ -63,14 +63,14 @@ def simulated_worker() -> None:
     from common.redis_client import bounded_redis
     from common.settings import Settings
     from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS
-    from worker.feed import KafkaFeed
-    from worker.halted_line import HaltedLine
-    from worker.joining import ensure_worker_topics
-    from worker.scheduler import Scheduler
-    from worker.stats import Stats
-    from worker.task import deliver
-    from worker.tokens import TokenBuckets
-    from worker.wait_line import WaitLine
+    from worker.intake.feed import KafkaFeed
+    from worker.parking.hand_back_on_resume import HaltedLine
+    from worker.intake.group_join import ensure_worker_topics
+    from worker.scheduling.scheduler import Scheduler
+    from worker.outcomes.stats import Stats
+    from worker.outcomes.task import deliver
+    from worker.fetching.tokens import TokenBuckets
+    from worker.parking.hand_back_when_due import WaitLine
 
     settings = Settings.from_env()
 

@@ -16,7 +16,7 @@ side by side in one run:
   aiohttp for comparison; and by curl (C, to /dev/null, one keep-alive
   connection): the least CPU a client pays to receive the bytes on this
   machine, kernel included (shown for scale). ``--compare FILE`` adds another
-  version of ``worker/http_client.py`` (a copy of an older one, say) as one
+  version of ``worker/fetching/http_client.py`` (a copy of an older one, say) as one
   more contender on the Content-Length URLs, measured in the same rounds.
 
 Kafka, Redis and S3 are in-memory stand-ins by default, so "CPU outside the
@@ -54,15 +54,15 @@ from common.settings import Settings
 from devstack.servers import free_port
 from test.worker_fakes import AllowAllGate, FakeProducer, FakeRedis, FakeThumbnails
 from worker.constants import THUMBNAIL_JPEG_QUALITY, THUMBNAIL_REDUCING_GAP
-from worker.fetch import Fetcher
-from worker.http_client import HttpClient
-from worker.imaging import RESAMPLE
-from worker.pool import ImagePool, default_pool_size
-from worker.stats import RECORD
-from worker.shared_memory import SegmentPool
-from worker.stats import Stats
-from worker.task import ImageTask
-from worker.tokens import TokenBuckets
+from worker.fetching.fetch import Fetcher
+from worker.fetching.http_client import HttpClient
+from worker.imaging.analysis import RESAMPLE
+from worker.imaging.pool import ImagePool, default_pool_size
+from worker.outcomes.stats import RECORD
+from worker.fetching.shared_memory import SegmentPool
+from worker.outcomes.stats import Stats
+from worker.outcomes.task import ImageTask
+from worker.fetching.tokens import TokenBuckets
 
 TARGET = 640
 SOURCE = "bench"
@@ -229,7 +229,7 @@ def downloads(clients: dict[str, HttpClient], session: aiohttp.ClientSession) ->
 
 
 def compared_client(path: str) -> type[HttpClient]:
-    """``HttpClient`` from another copy of worker/http_client.py, for a before/after in one run."""
+    """``HttpClient`` from another copy of worker/fetching/http_client.py, for a before/after in one run."""
     spec = importlib.util.spec_from_file_location("compared_http_client", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
@@ -261,7 +261,7 @@ async def sinks(stack: AsyncExitStack, use_stack: bool):
     from worker.constants import REDIS_MAX_CONNECTIONS
     from common.kafka import AsyncProducer, producer_config
     from devstack.stack import LocalStack
-    from worker.thumbnails import s3_thumbnails
+    from worker.imaging.thumbnails import s3_thumbnails
     addresses = stack.enter_context(LocalStack())
     settings = Settings.from_env(addresses.environment())
     redis = bounded_redis(addresses.redis_url, REDIS_MAX_CONNECTIONS)  # the worker's own client
@@ -396,7 +396,7 @@ def main() -> None:
     parser.add_argument("--stack", action="store_true", help="real Kafka, Redis and S3 on a local stack")
     parser.add_argument("--seconds", type=float, default=8.0, help="per corpus and contender")
     parser.add_argument("--downloads", action="store_true", help="the downloads alone, not bare or worker")
-    parser.add_argument("--compare", metavar="FILE", help="another worker/http_client.py, as one more client")
+    parser.add_argument("--compare", metavar="FILE", help="another worker/fetching/http_client.py, as one more client")
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -33,7 +33,7 @@ REJECTED_TOPIC = "rejected_messages"
 OPTED_OUT_TOPIC = "opted_out"
 # Every terminal outcome's topic (SPEC.md §1): a reader of a crawl's results reads all of them.
 OUTCOME_TOPICS = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, OPTED_OUT_TOPIC)
-# URLs waiting for a time (worker.waiting): for their host's robots.txt, or parked because their
+# URLs waiting for a time (worker.parking.wait_topics): for their host's robots.txt, or parked because their
 # source cannot take them now (its queue in the worker is full, it is paused or backed off).
 # One topic per length of wait, so each is in the order its messages fall due.
 WAIT_TOPICS = ("urls_wait_30s", "urls_wait_5m", "urls_wait_1h")
@@ -158,7 +158,7 @@ adaptive_key = _keyed("adaptive")           # hash: effective_rate, limit, ceili
 adaptive_off_key = _keyed("adaptive_off")   # set (any value): no adaptation for the source
 # The field of adaptive:{source} holding the most the back-off may grant the source, req/s: its
 # limit, or capacity discovery's ceiling (DISCOVERY_MAX_RATE) for a source that may discover;
-# workers size a slow-starting source's queue and the spacing of its parked URLs by it (worker.scheduler).
+# workers size a slow-starting source's queue and the spacing of its parked URLs by it (worker.scheduling.scheduler).
 ADAPTIVE_CEILING_FIELD = "ceiling"
 # The field holding the source's limit: its override, else the rate of its size (SPEC.md §3), req/s.
 ADAPTIVE_LIMIT_FIELD = "limit"
@@ -186,7 +186,7 @@ urls_ended_key = _keyed("urls_ended")
 
 # A partition's offsets finished (outcome or park acknowledged) above its commit: a sorted set,
 # member and score the offset, written by the partition's consumer and trimmed below each commit it
-# makes; its next owner skips them (worker.finished). Kafka commits one position a partition, and
+# makes; its next owner skips them (worker.intake.finished_offsets). Kafka commits one position a partition, and
 # the local broker drops commit metadata, so this is where "finished above the commit" is kept.
 
 
@@ -522,5 +522,5 @@ def exif_message(identifier: str, exif: dict[str, Any]) -> bytes:
 def allowed_per_second(limit: float) -> int:
     """The most requests of a source a site may see in any sliding one-second window at a
     limit of ``limit`` req/s: floor(limit) + 1, the promise of README's "Politeness" (the
-    send log of ``worker.tokens`` keeps this many; the sites' checks allow this many)."""
+    send log of ``worker.fetching.tokens`` keeps this many; the sites' checks allow this many)."""
     return math.floor(limit + 1e-9) + 1  # 3.0 given as 2.9999999999 is still 3

@@ -1,7 +1,7 @@
 """Lua scripts over one pipelined connection: the per-request Redis calls (issue 28).
 
-A worker calls a script per request (its token, ``worker.tokens``) and per outcome (its
-stats, ``worker.stats``). Through redis-py each call cost ~180-230 us of the worker's CPU
+A worker calls a script per request (its token, ``worker.fetching.tokens``) and per outcome (its
+stats, ``worker.outcomes.stats``). Through redis-py each call cost ~180-230 us of the worker's CPU
 (checking a connection out of the pool and its health, the retry wrapper, the packing and
 parsing layers): a fifth of the event loop's time in ``bench.peer_img2dataset``. Here every
 task's ``EVALSHA`` is written at once to one connection and its reply matched to it in
@@ -14,7 +14,7 @@ database), so a ``REDIS_URL`` means the same here as everywhere else. Replies an
 are what redis-py would give (``decode_responses``, its exception classes), so callers
 and their handling of refusals (``common.redis_client.refuses_the_value``) do not change.
 A lost connection fails every call in flight with ``ConnectionError`` and the next call
-connects again; the callers wait the outage out and log it (``worker.task.persist``), where
+connects again; the callers wait the outage out and log it (``worker.outcomes.task.persist``), where
 redis-py retried such a call itself, unlogged, and could run a script twice. Like redis-py
 with the default URL, a reply is waited for without a time limit.
 """

@@ -55,7 +55,7 @@ class Settings:
     sources_url: str = DEFAULT_SOURCES_URL
     s3_endpoint_url: str | None = None
     s3_bucket: str = "cc-image-analysis"
-    # None: thumbnails go to S3_BUCKET; a folder: they are files there (one machine: worker.thumbnails).
+    # None: thumbnails go to S3_BUCKET; a folder: they are files there (one machine: worker.imaging.thumbnails).
     thumbnail_dir: str | None = None
     aws_access_key_id: str | None = None
     aws_secret_access_key: str | None = None

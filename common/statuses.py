@@ -44,7 +44,7 @@ RETRYABLE = frozenset({Status.TIMEOUT, Status.SERVER_DISCONNECTED, Status.CONNEC
 EXPECTED = frozenset({Status.UNIDENTIFIED_IMAGE, Status.ROBOTS_DISALLOWED, Status.OPTED_OUT})
 # A site's consent refused: the URL ends in opted_out, counted per signal, never as an error.
 OPT_OUTS = frozenset({Status.ROBOTS_DISALLOWED, Status.OPTED_OUT})
-# The per-origin rules files whose outage makes a URL wait (worker.waiting), not end.
+# The per-origin rules files whose outage makes a URL wait (worker.parking.wait_topics), not end.
 RULES_UNAVAILABLE = frozenset({Status.ROBOTS_UNAVAILABLE, Status.TDMREP_UNAVAILABLE})
 # Refused before the image was requested: the windows judge the site's answers to requests.
 # So are S3's and Kafka's refusals of one URL's output: they say nothing of the site (nor may

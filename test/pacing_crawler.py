@@ -27,10 +27,10 @@ async def crawl(redis_url: str, processes: int, seconds: float, plan: dict[str, 
     from common.contracts import rate_limit_key
     from common.settings import Settings
     from test.sites import TEST_USER_AGENT
-    from worker.fetch import Fetcher, FetchError
-    from worker.http_client import HttpClient
+    from worker.fetching.fetch import Fetcher, FetchError
+    from worker.fetching.http_client import HttpClient
     from worker.politeness.gate import build_gate
-    from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
+    from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
 
     settings = Settings(redis_url=redis_url, crawl_user_agent=TEST_USER_AGENT, crawl_allow_private_networks=True)
     redis = aioredis.from_url(redis_url, decode_responses=True)

@@ -207,7 +207,7 @@ def test_a_thumbnail_larger_than_the_image_size_is_shrunk(tmp_path: Path) -> Non
 def test_thumbnails_are_read_from_a_folder_and_deleted_once_their_shard_is_published(tmp_path: Path) -> None:
     """THUMBNAIL_DIR: the files the workers wrote; a missing one is ThumbnailMissing, as in S3;
     a shard's files go once it is published, an open shard's stay (its rebuild reads them)."""
-    from worker.thumbnails import ThumbnailFolder, thumbnail_path
+    from worker.imaging.thumbnails import ThumbnailFolder, thumbnail_path
 
     folder_path = tmp_path / "_crawl" / "thumbnails"
     outcomes, thumbnails = FakeOutcomes(), FakeThumbnails()

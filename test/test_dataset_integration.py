@@ -32,7 +32,7 @@ from url_lists.dataset.keys import new_run_id, row_identifier
 from url_lists.dataset.outcomes import OUTCOME_TOPICS
 from url_lists.dataset.s3 import GetSigner, s3_thumbnail_reader
 from worker.constants import S3_PRESIGN_SECONDS
-from worker.thumbnails import put_signer, s3_thumbnails
+from worker.imaging.thumbnails import put_signer, s3_thumbnails
 
 PER_SHARD = 5
 ROOT = Path(__file__).resolve().parent.parent

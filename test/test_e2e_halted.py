@@ -108,7 +108,7 @@ def test_a_halted_source_holds_back_no_other_and_comes_back_whole_after_resume(
     assert all(share >= 0.9 for share in shares.values()), shares
     assert not where, f"{len(outcomes.missing())} URLs without an outcome: {where}"
     # Only what the killed worker had in flight may be asked again: its requests on the site's
-    # connections and the outcomes acknowledged since its last record of them (worker.finished).
+    # connections and the outcomes acknowledged since its last record of them (worker.intake.finished_offsets).
     assert asked_twice <= MAX_ASKED_AGAIN, asked_twice
     assert_outcomes(outcomes, held_plan + others_plan)
     for name, site in web.sites.items():

@@ -28,7 +28,7 @@ from test.test_e2e_faults import as_rejected_raw, collect_rejected
 from test.hostile_ids import hostile_identifiers
 from test.test_monitor_fakes import FakeMessage
 from test.test_worker_thumbnails import s3_settings
-from worker.thumbnails import s3_thumbnails
+from worker.imaging.thumbnails import s3_thumbnails
 
 OTHER_BUCKET = "other"  # the bucket "../../other/owned" aims at
 KEY_ALPHABET = re.compile(r"[A-Za-z0-9._~!-]+\.jpg")

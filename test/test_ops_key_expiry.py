@@ -14,8 +14,8 @@ from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.regulator import Regulator
 from worker.politeness.crawl_delay import CrawlDelay
 from worker.politeness.retry_after import extend_pause
-from worker.stats import Stats
-from worker.tokens import TokenBuckets
+from worker.outcomes.stats import Stats
+from worker.fetching.tokens import TokenBuckets
 
 
 def counters(source: str) -> set[str]:

@@ -29,14 +29,14 @@ from common.contracts import tokens_key
 from common.settings import Settings
 from test.sites import TEST_USER_AGENT, Page, Site
 from test.worker_fakes import FakeRedis
-from worker.fetch import FetchError, Fetcher
-from worker.http_client import HttpClient
+from worker.fetching.fetch import FetchError, Fetcher
+from worker.fetching.http_client import HttpClient
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard, GuardedResolver, build_connector, system_resolve
 from worker.politeness.gate import build_gate
 from worker.politeness.tdmrep import TDMREP_PATH, fetch_tdmrep
 from worker.politeness.robots import ALLOW_ALL, DISALLOW_ALL, UNAVAILABLE, fetch_robots, origin_of
-from worker.tokens import TokenBuckets
+from worker.fetching.tokens import TokenBuckets
 
 PUBLIC_IP = "93.184.216.34"  # public.test; connects to it are diverted to the local site
 REBIND = "rebind.test"       # public to the guard's lookup, loopback to the connecting layers'

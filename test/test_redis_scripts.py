@@ -136,7 +136,7 @@ async def test_a_lost_connection_fails_the_calls_in_flight_and_the_next_call_rec
             after = await echo(keys=[f"{unique}:n"], args=["again", 1])
         finally:
             await client.aclose()
-    # A ConnectionError is a RedisError: the callers wait it out (``worker.task.persist``).
+    # A ConnectionError is a RedisError: the callers wait it out (``worker.outcomes.task.persist``).
     assert all(isinstance(r, RedisConnectionError) for r in results), results
     assert after[1] == "again"
 

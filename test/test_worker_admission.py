@@ -1,4 +1,4 @@
-"""Fast sources first while a worker is short of CPU (worker.admission), and what the scheduler
+"""Fast sources first while a worker is short of CPU (worker.scheduling.slow_starts), and what the scheduler
 does with it: slow sources' starts held to the allowance, the partitions that feed a fast source
 kept open near the memory bound, a source read before its rate waits a short turn."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 from common.contracts import URLS_TOPIC, CrawlRequest
 from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until, until
 from test.worker_fakes import FakeFeed, FakeProducer
-from worker import scheduler as scheduler_module
-from worker.admission import Admission
+from worker.scheduling import scheduler as scheduler_module
+from worker.scheduling.slow_starts import Admission
 from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_SHARE,
                               SLOW_STARTS_DECREASE, SLOW_STARTS_FLOOR)
 

@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from common.kafka import AsyncConsumer, consumer_config, ensure_topics, producer_config
 from worker.constants import CONSUMER_EXTRA_CONFIG
-from worker.feed import KafkaFeed
+from worker.intake.feed import KafkaFeed
 from worker.metrics import REGISTRY
 
 

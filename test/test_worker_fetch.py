@@ -15,14 +15,14 @@ from aiohttp.test_utils import TestServer
 
 from common.contracts import sent_log_key, source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
-from worker.fetch import FetchError, Fetcher
-from worker.http_client import HttpClient
+from worker.fetching.fetch import FetchError, Fetcher
+from worker.fetching.http_client import HttpClient
 from worker.politeness.consent import ResponseConsent
 from worker.politeness.addresses import GuardedResolver
 from common.contracts import allowed_per_second
 from demo.simweb import busiest_second
 from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_PEEK_INTERVAL, TOKEN_TURN_RATE
-from worker.tokens import PACED_DECR, ShuttingDown, TokenBuckets
+from worker.fetching.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 
 SOURCE = "example"
 BODY = b"\x89PNG" + b"x" * 1000
@@ -526,7 +526,7 @@ async def test_a_waiting_source_is_marked_active_and_idle_ones_are_forgotten(mon
     a new source's first token says so; and a worker that met 1,000 sources keeps nothing of those
     no task has asked tokens for in a while."""
     from common.contracts import WAITING_SOURCES, rate_limit_key
-    from worker import tokens as tokens_module
+    from worker.fetching import tokens as tokens_module
     from worker.constants import TOKENS_FORGET_SECONDS
     redis = FakeRedis()
     tokens = TokenBuckets(redis)

@@ -8,8 +8,8 @@ import json
 
 from common.contracts import HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC
 from test.worker_fakes import FakeProducer
-from worker.feed import TP, Batch, Record
-from worker.halted_line import HaltedLine, is_scan_marker, scan_marker
+from worker.intake.feed import TP, Batch, Record
+from worker.parking.hand_back_on_resume import HaltedLine, is_scan_marker, scan_marker
 
 PARTS = [(HALTED_URLS_TOPIC, 0), (HALTED_URLS_TOPIC, 1)]
 
@@ -158,7 +158,7 @@ async def test_a_scan_reads_to_its_marker_not_to_the_end_the_broker_reports() ->
 async def test_a_url_parked_after_the_resume_by_a_worker_that_had_not_seen_it_goes_back(monkeypatch) -> None:
     """Other workers see a resume up to a refresh later and park its URLs meanwhile: the line
     scans again for a while after a resume, so they do not wait HALTED_RESCAN_SECONDS."""
-    monkeypatch.setattr("worker.halted_line.HALTED_RESUME_RESCAN_SECONDS", 0.1)
+    monkeypatch.setattr("worker.parking.hand_back_on_resume.HALTED_RESUME_RESCAN_SECONDS", 0.1)
     producer = LogProducer()
     feed = LogFeed(producer)
     feed.append(PARTS[0], url("b", 0))

@@ -1,6 +1,6 @@
 """The image HTTP client against raw TCP servers that send crafted bytes.
 
-``worker.http_client`` parses HTTP/1.1 from the open web itself: every byte a
+``worker.fetching.http_client`` parses HTTP/1.1 from the open web itself: every byte a
 server sends is untrusted, and a parser that believes the wrong length, hangs
 on a silent peer or buffers a never-ending head is a crawler that stores
 truncated images, stalls, or runs out of memory. aiohttp's test server would
@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from worker.http_client import (BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient,
+from worker.fetching.http_client import (BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient,
                                 Response, Timeouts)
 from worker.politeness import Refused
-from worker.shared_memory import SegmentPool
+from worker.fetching.shared_memory import SegmentPool
 
 USER_AGENT = "cc-image-crawler/1.0 (+https://example.org/bot)"
 MAX = 64 << 10  # the size cap of most tests
@@ -242,7 +242,7 @@ async def test_connection_header_and_version_decide_reuse(serve, client, answer,
 
 async def test_idle_connections_are_closed_by_a_timer_without_further_traffic(serve, client, monkeypatch):
     """A crawl that stops must not leave keep-alive sockets open until the next request."""
-    from worker import http_client
+    from worker.fetching import http_client
     monkeypatch.setattr(http_client, "HTTP_IDLE_SECONDS", 0.2)
     monkeypatch.setattr(http_client, "IDLE_SWEEP_SECONDS", 0.1)
     server = await serve(respond(ok(b"body")))

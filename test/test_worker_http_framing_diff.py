@@ -30,7 +30,7 @@ import pytest
 
 from test.test_worker_http_client import (CHUNKED_HEAD, MAX, chunked, client, fetch, head, noise,  # noqa: F401
                                           ok, respond, serve)
-from worker.http_client import BadResponse, BodyTooLarge, Disconnected
+from worker.fetching.http_client import BadResponse, BodyTooLarge, Disconnected
 
 H = "HTTP/1.1 200 OK"
 TE = "Transfer-Encoding: chunked"

@@ -8,10 +8,10 @@ import pytest
 from PIL import Image, JpegImagePlugin
 
 from test.worker_fakes import exif_jpeg, image_bytes, png_bomb
-from worker import webp
-from worker.imaging import BOMB, UNIDENTIFIED, analyze, fitted_size
-from worker.jpeg_quality import estimate_quality
-from worker.pool import ImagePool
+from worker.imaging import webp
+from worker.imaging.analysis import BOMB, UNIDENTIFIED, analyze, fitted_size
+from worker.imaging.jpeg_quality import estimate_quality
+from worker.imaging.pool import ImagePool
 
 TARGET = 64
 
@@ -221,7 +221,7 @@ async def test_pool_survives_a_crashed_process() -> None:
 
 
 def test_every_libjpeg_quality_is_recovered_exactly_from_its_own_tables() -> None:
-    from worker.jpeg_quality import _SCALED
+    from worker.imaging.jpeg_quality import _SCALED
     for quality in range(1, 101):
         luminance, chrominance = _SCALED[quality]
         assert estimate_quality({0: luminance, 1: chrominance}) == quality

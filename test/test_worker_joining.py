@@ -1,4 +1,4 @@
-"""The worker joins its consumer group before the rest of it loads (worker.joining): the join
+"""The worker joins its consumer group before the rest of it loads (worker.intake.group_join): the join
 takes seconds whatever the worker does meanwhile. If it cannot (Kafka away), the worker makes
 the topics and subscribes the patient way instead, so the head start can cost nothing."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ from common.contracts import URLS_TOPIC
 from common.kafka import list_topics
 from common.settings import Settings
 from devstack.servers import free_port
-from worker import joining as joining_module
-from worker.joining import joined, start_joining
+from worker.intake import group_join
+from worker.intake.group_join import joined, start_joining
 
 
 async def test_a_worker_joins_its_group_while_it_loads_and_the_scheduler_subscribes_no_more(
         kafka_hosts: str, unique: str, monkeypatch) -> None:
-    monkeypatch.setattr(joining_module, "WORKER_GROUP", f"joining-{unique}")
+    monkeypatch.setattr(group_join, "WORKER_GROUP", f"joining-{unique}")
     settings = Settings.from_env({"KAFKA_HOSTS": kafka_hosts, "URL_PARTITIONS": "4"})
     early = await joined(start_joining(settings))
     assert early is not None

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-import worker.pool as pool_module
+import worker.imaging.pool as pool_module
 from test.worker_fakes import image_bytes
-from worker import shared_memory
+from worker.fetching import shared_memory
 from worker.constants import IMAGE_PROCESS_NICENESS, SEGMENT_STEP
-from worker.imaging import analyze
-from worker.pool import ImagePool
-from worker.shared_memory import Body, Segment, SegmentPool, SegmentUnavailable
+from worker.imaging.analysis import analyze
+from worker.imaging.pool import ImagePool
+from worker.fetching.shared_memory import Body, Segment, SegmentPool, SegmentUnavailable
 
 TARGET = 64
 SPAN = 5 << 20

@@ -1,4 +1,4 @@
-"""URLs whose robots.txt is unavailable wait in Kafka, not in a task (worker.waiting*)."""
+"""URLs whose robots.txt is unavailable wait in Kafka, not in a task (worker.parking.wait_topics*)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,10 @@ from common.contracts import CRAWL_ERRORS_TOPIC, URLS_TOPIC, WAIT_TOPICS, CrawlR
 from common.statuses import Status
 from test.test_worker_task import SETTINGS, SOURCE, RefusingProducer, Run
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
-from worker.feed import Record
-from worker.fetch import FetchError
-from worker.waiting import hand_back, wait_message, wait_times
-from worker.wait_line import WaitLine
+from worker.intake.feed import Record
+from worker.fetching.fetch import FetchError
+from worker.parking.wait_topics import hand_back, wait_message, wait_times
+from worker.parking.hand_back_when_due import WaitLine
 
 
 def unavailable(retry_in: float) -> FetchError:
@@ -92,7 +92,7 @@ async def test_a_url_due_later_holds_back_no_url_due_sooner_behind_it(monkeypatc
     """Issue 26: a 30 s turn ends early at its URL's time, so a partition mixes due times. Each
     is handed over when due; the commit stays below the first one still held; a partition
     holding its bound is paused until half of it has gone."""
-    monkeypatch.setattr("worker.wait_line.WAIT_HELD_PER_PARTITION", 4)
+    monkeypatch.setattr("worker.parking.hand_back_when_due.WAIT_HELD_PER_PARTITION", 4)
     now = time.time()
     first = WAIT_TOPICS[0]
 

@@ -12,14 +12,14 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD,
                               TEMP_HALTED, URLS_TOPIC, WAIT_TOPICS, CrawlRequest, finished_offsets_key,
                               rate_limit_key)
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
-from worker import scheduler as scheduler_module
-from worker.allocation import reserve
+from worker.scheduling import scheduler as scheduler_module
+from worker.scheduling.slots import reserve
 from worker.constants import (PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS,
                               QUEUE_UNRATED, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
-from worker.feed import Record
-from worker.offsets import PartitionOffsets
-from worker.scheduler import Job, Scheduler
-from worker.tokens import TokenBuckets
+from worker.intake.feed import Record
+from worker.intake.offsets import PartitionOffsets
+from worker.scheduling.scheduler import Job, Scheduler
+from worker.fetching.tokens import TokenBuckets
 
 
 URLS_0 = (URLS_TOPIC, 0)

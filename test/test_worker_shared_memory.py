@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from worker.constants import SEGMENT_STEP
-from worker.shared_memory import Body, SegmentPool
+from worker.fetching.shared_memory import Body, SegmentPool
 
 
 async def test_a_download_waits_while_bodies_in_hand_hold_the_budget() -> None:

@@ -1,4 +1,4 @@
-"""An outcome's counts in the real Redis (worker.stats: one script call, SPEC.md §2's keys),
+"""An outcome's counts in the real Redis (worker.outcomes.stats: one script call, SPEC.md §2's keys),
 and the fake's copy of the script held to the same result."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from common import contracts
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_TTL_SECONDS, bin_of, bucket_start
 from test.worker_fakes import FakeRedis
-from worker.stats import Stats
+from worker.outcomes.stats import Stats
 
 
 async def record_three(stats: Stats, source: str) -> None:

@@ -21,15 +21,15 @@ from common.response_times import OVERLOAD_FIELD, bin_of
 from common.settings import Settings
 from test.worker_fakes import (FakeProducer, FakeRedis, FakeThumbnails, exif_jpeg, image_bytes,
                                png_bomb)
-from worker import task as task_module
-from worker.fetch import Fetched, FetchError
-from worker.imaging import analyze
+from worker.outcomes import task as task_module
+from worker.fetching.fetch import Fetched, FetchError
+from worker.imaging.analysis import analyze
 from worker.politeness.consent import Decision
-from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
-from worker.stats import Stats
+from worker.fetching.shared_memory import Body, SegmentPool, SegmentUnavailable
+from worker.outcomes.stats import Stats
 from worker.metrics import OUTCOME_KINDS, REGISTRY
-from worker.task import ImageTask
-from worker.thumbnails import S3PutFailed, ThumbnailRefused
+from worker.outcomes.task import ImageTask
+from worker.imaging.thumbnails import S3PutFailed, ThumbnailRefused
 
 SOURCE = "example"
 SETTINGS = Settings(target_resolution=64, max_retries=1,

@@ -1,4 +1,4 @@
-"""Thumbnails as files in one folder (worker.thumbnails.ThumbnailFolder, THUMBNAIL_DIR)."""
+"""Thumbnails as files in one folder (worker.imaging.thumbnails.ThumbnailFolder, THUMBNAIL_DIR)."""
 from __future__ import annotations
 
 import errno
@@ -9,7 +9,7 @@ import pytest
 
 from common.contracts import thumbnail_key
 from common.settings import Settings
-from worker.thumbnails import ThumbnailFolder, ThumbnailRefused, thumbnail_path, thumbnail_store
+from worker.imaging.thumbnails import ThumbnailFolder, ThumbnailRefused, thumbnail_path, thumbnail_store
 
 UUID = "0c6f1d9a-8a51-4b0e-9d3e-2f3f1c2b4a5d"
 

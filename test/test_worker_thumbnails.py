@@ -17,8 +17,8 @@ from common.settings import Settings
 from devstack.servers import DEV_CREDENTIALS
 from test.conftest import BUCKET
 from worker.constants import S3_PRESIGN_SECONDS
-from worker.http_client import HttpClient
-from worker.thumbnails import (CONTENT_TYPE, S3PutFailed, S3Thumbnails, ThumbnailRefused, concerns_the_object,
+from worker.fetching.http_client import HttpClient
+from worker.imaging.thumbnails import (CONTENT_TYPE, S3PutFailed, S3Thumbnails, ThumbnailRefused, concerns_the_object,
                                put_signer, s3_error_code, s3_thumbnails)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp.abc import AbstractResolver
 from PIL import Image, TiffImagePlugin
 
-from worker.feed import Batch, Record
+from worker.intake.feed import Batch, Record
 from worker.politeness import Refused
 
 
@@ -38,8 +38,8 @@ class FakeRedis:
 
     def register_script(self, script: str):
         """The worker's scripts (tokens.PACED_DECR, stats.RECORD), run in Python on the same keys."""
-        from worker.stats import RECORD
-        from worker.tokens import PACED_DECR
+        from worker.outcomes.stats import RECORD
+        from worker.fetching.tokens import PACED_DECR
         if script == RECORD:
             return self._record
         assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR and stats record"

@@ -2,7 +2,7 @@
 
 With ``WORKER_METRICS_PORT`` set it serves ``/metrics`` (``worker.metrics``).
 The worker joins its consumer group first and loads the rest meanwhile
-(``worker.joining``); ``worker.service`` wires and runs it.
+(``worker.intake.group_join``); ``worker.service`` wires and runs it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import resource
 
 from common.settings import load_settings
 from worker import metrics
-from worker.joining import start_joining
+from worker.intake.group_join import start_joining
 
 
 def main() -> None:

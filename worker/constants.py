@@ -5,14 +5,14 @@ these are the engineering defaults behind them.
 """
 from __future__ import annotations
 
-# --- HTTP (worker/fetch.py) -------------------------------------------------
+# --- HTTP (worker/fetching/fetch.py) -------------------------------------------------
 CONNECT_TIMEOUT = 10.0        # seconds to open a connection
 READ_TIMEOUT = 30.0           # seconds of silence on an open connection
 TOTAL_TIMEOUT = 90.0          # seconds for one hop, headers and body
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
-# --- Outcomes (worker/task.py) ----------------------------------------------
+# --- Outcomes (worker/outcomes/task.py) ----------------------------------------------
 LINK_ROT_STATUSES = frozenset({404, 410})
 # Backoff for our own infrastructure (Kafka, Redis, S3): their failures are
 # never a URL's outcome, so the task waits them out instead.
@@ -26,7 +26,7 @@ S3_PRESIGN_SECONDS = 300      # an upload's signature is used at once; 5 minutes
 S3_PUT_TIMEOUT = 60.0         # seconds for one thumbnail upload; a failed one is retried
 S3_MAX_ANSWER_BYTES = 64 << 10  # a longer answer to a PUT (S3's are empty or a short error) is an outage
 
-# --- Images (worker/imaging.py) ----------------------------------------------
+# --- Images (worker/imaging/analysis.py) ----------------------------------------------
 # Pillow raises DecompressionBombError above this many pixels (its own
 # default warning threshold, ~89 MP, made an error): a 100 MP RGB image is
 # 300 MB in memory per pool process.
@@ -39,7 +39,7 @@ THUMBNAIL_RESAMPLE = "BILINEAR"
 THUMBNAIL_REDUCING_GAP = 1.0
 MAX_EXIF_VALUE_CHARS = 4096   # a longer text value is dropped: Kafka caps a message at ~1 MB
 
-# --- Handing bytes to the pool (worker/pool.py) ----------------------------------
+# --- Handing bytes to the pool (worker/imaging/pool.py) ----------------------------------
 # Each pool process has one image in hand and one queued, so it never waits
 # for the event loop between images.
 REQUESTS_PER_PROCESS = 2
@@ -56,7 +56,7 @@ IMAGE_PROCESS_NICENESS = 10
 # Pillow's 16 MB blocks, so that an image's blocks are reused too.
 IMAGE_PROCESS_KEPT_FREE_BYTES = 32 << 20
 
-# --- Downloads (worker/http_client.py, worker/shared_memory.py) ----------------------
+# --- Downloads (worker/fetching/http_client.py, worker/fetching/shared_memory.py) ----------------------
 # A body is received straight into a shared-memory segment, backed a step at a time as
 # bytes arrive. Idle segments are kept for reuse (a fresh one pays a page fault per page)
 # up to this much backed memory in all.
@@ -72,7 +72,7 @@ HTTP_IDLE_SECONDS = 15.0           # an idle keep-alive connection is dropped af
 IDLE_SWEEP_SECONDS = 5.0           # how often a timer looks for them: none stays idle past 20 s
 HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts together
 
-# --- Statistics (worker/stats.py) ---------------------------------------------
+# --- Statistics (worker/outcomes/stats.py) ---------------------------------------------
 # Seconds between trims of a source's status windows (status60s/1hr/12hr): trimming on
 # every outcome was a third of its Redis commands (docs/decisions.md).
 STATS_TRIM_INTERVAL = 1.0
@@ -80,7 +80,7 @@ STATS_TRIM_INTERVAL = 1.0
 # times): the memory follows the sources being crawled, not every source of the day.
 STATS_FORGET_SECONDS = 60.0
 
-# --- Token buckets (worker/tokens.py) -----------------------------------------
+# --- Token buckets (worker/fetching/tokens.py) -----------------------------------------
 # A source's tasks wait for its tokens in turns: one at a time per turn, one turn for every
 # TOKEN_TURN_RATE req/s of its rate. A turn takes a few rounds of the event loop per token (the
 # script's answer, the hand-over to the next task), so one turn of a busy worker served 25-45
@@ -111,7 +111,7 @@ SEND_WINDOW_SECONDS = 1.05
 SEND_LOG_MAX = 1000
 # A token whose answer arrived later than the fastest answers (a low quantile: down at once, up
 # by TOKEN_ANSWER_SMOOTHING of the difference per slower answer) by more than the spread the
-# source's rate tolerates is not used (worker/tokens.py, tolerated_lateness): the worker was
+# source's rate tolerates is not used (worker/fetching/tokens.py, tolerated_lateness): the worker was
 # stalled, and its request would reach the site bunched with the next ones. The spread is
 # what floor(rate) + 2 sends span beyond one second, less ARRIVAL_JITTER_SECONDS for the way
 # to the site; at least STALE_TOKEN_SECONDS (SEND_WINDOW_SECONDS - 1 - ARRIVAL_JITTER_SECONDS).
@@ -120,7 +120,7 @@ STALE_TOKEN_SECONDS = 0.03
 TOKEN_ANSWER_SMOOTHING = 0.01
 FORFEIT_REPORT_SECONDS = 60.0  # at most one worker_tokens_forfeited line a minute
 
-# --- URLs waiting in Kafka (worker/waiting.py, worker/wait_line.py, worker/halted_line.py) --------
+# --- URLs waiting in Kafka (worker/parking/) ------------------------------------
 # The length of a turn in each wait topic (common.contracts.WAIT_TOPICS): a wait
 # takes the longest turn it covers, so an hour's wait is one message, not 120.
 WAIT_TIER_SECONDS = (30.0, 300.0, 3600.0)
@@ -158,7 +158,7 @@ REDIS_MAX_CONNECTIONS = 32
 # every thread's stack on stderr): the consumers' close and the pool's are not bounded otherwise.
 STOP_MARGIN_SECONDS = 10.0
 
-# --- Scheduling (worker/scheduler.py) -----------------------------------------
+# --- Scheduling (worker/scheduling/scheduler.py) -----------------------------------------
 POLL_BATCH = 500              # messages per consumer poll
 POLL_TIMEOUT = 0.1            # seconds a poll may wait for messages
 REFRESH_INTERVAL = 2.0        # seconds between reads of halts and rates
@@ -168,7 +168,7 @@ NEW_SOURCE_REFRESH = 0.2      # seconds: how soon a source new to this worker ha
 FORGET_ABOVE = 2000
 COMMIT_INTERVAL = 1.0         # seconds between offset commits
 OFFER_INTERVAL = 0.1          # seconds between positions offered for a revocation's commit
-# Finished offsets above a partition's commit, kept in Redis for its next owner (worker.finished):
+# Finished offsets above a partition's commit, kept in Redis for its next owner (worker.intake.finished_offsets):
 # written every FINISHED_FLUSH_INTERVAL seconds (what finished since is done again after a crash),
 # kept FINISHED_OFFSETS_TTL seconds after the last write, at most FINISHED_OFFSETS_BUFFER held while
 # Redis does not answer.
@@ -178,10 +178,10 @@ FINISHED_OFFSETS_BUFFER = 100_000
 MIN_TASKS_PER_SOURCE = 1      # the floor that keeps a slow source from starving
 CONCURRENCY_HEADROOM = 2.0    # slots per source = rate x latency x headroom
 # A source's queue here holds this many seconds of its rate (or twice its slots, if more);
-# its next URLs are parked in Kafka until their turn (worker.scheduler), so that no source holds
+# its next URLs are parked in Kafka until their turn (worker.scheduling.scheduler), so that no source holds
 # back the others of its partition.
 QUEUE_SECONDS = 5.0
-# While the worker is short of CPU, fast sources first (worker.admission): a source paced at
+# While the worker is short of CPU, fast sources first (worker.scheduling.slow_starts): a source paced at
 # FAST_SOURCE_RATE or more needs a token every 200 ms or less, which a loop running tens of ms late
 # takes from it; a slower one does not notice. While a fast source works here, the slow sources'
 # starts a second fall by SLOW_STARTS_DECREASE each ADMISSION_UPDATE_SECONDS the loop's mean delay
@@ -208,7 +208,7 @@ QUEUE_UNRATED = 1000          # URLs of a source queued before its rate is known
 QUEUE_MAX_PER_SOURCE = 5000   # URLs; an operator's override of thousands a second queues no more
 DEFAULT_LATENCY = 1.0         # seconds a task is assumed to take before any is observed
 LATENCY_SMOOTHING = 0.2       # weight of a new sample in the latency average
-ASSIGN_OFFSETS_TIMEOUT = 30.0  # seconds for the committed offsets of newly assigned partitions (worker/feed.py)
+ASSIGN_OFFSETS_TIMEOUT = 30.0  # seconds for the committed offsets of newly assigned partitions (worker/intake/feed.py)
 CONSUMER_EXTRA_CONFIG = {
     # Round-robin, eager: the subscription never changes during a crawl (one urls topic, issue
     # 26), so a rebalance comes only with a worker joining or leaving the group. (librdkafka's

@@ -40,7 +40,7 @@ ProcessCollector(registry=REGISTRY)
 # Link rot is named as its topic is.
 OUTCOME_KINDS = ("success", LINK_ROT_TOPIC, "crawl_error", "retry", "robots_wait", "rejected", OPTED_OUT_TOPIC)
 SUCCESS, LINK_ROT, CRAWL_ERROR, RETRY, ROBOTS_WAIT, REJECTED, OPTED_OUT = OUTCOME_KINDS
-SLOT_CLASSES = ("reserved", "shared")  # worker.allocation: slots reserved by need, and the shared floor
+SLOT_CLASSES = ("reserved", "shared")  # worker.scheduling.slots: slots reserved by need, and the shared floor
 RESERVED, SHARED = SLOT_CLASSES
 INFRA_SERVICES = ("redis", "kafka", "s3", "memory")
 
@@ -125,7 +125,7 @@ def downloaded(seconds: float, size: int) -> None:
 
 
 def infra_retry(what: str, error: BaseException) -> None:
-    """``what`` as ``worker.task.persist`` names it: ``kafka_send:{topic}``, ``s3_put``,
+    """``what`` as ``worker.outcomes.task.persist`` names it: ``kafka_send:{topic}``, ``s3_put``,
     ``redis_stats``, ``fetch_infrastructure`` (Redis, or memory for a body's segment)."""
     if isinstance(error, RedisError) or what.startswith("redis"):
         service = "redis"

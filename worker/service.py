@@ -20,21 +20,21 @@ from common.process import exit_if_not_stopped_within
 from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, producer_config
 from common.settings import Settings
 from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS, STOP_MARGIN_SECONDS
-from worker.feed import KafkaFeed
-from worker.joining import Joining, ensure_worker_topics, joined
-from worker.fetch import Fetcher
+from worker.intake.feed import KafkaFeed
+from worker.intake.group_join import Joining, ensure_worker_topics, joined
+from worker.fetching.fetch import Fetcher
 from worker import metrics
-from worker.http_client import HttpClient
+from worker.fetching.http_client import HttpClient
 from worker.politeness.addresses import GuardedResolver, build_connector
 from worker.politeness.gate import build_gate, response_consent
-from worker.pool import ImagePool
-from worker.halted_line import HaltedLine
-from worker.wait_line import WaitLine
-from worker.scheduler import Scheduler
-from worker.stats import Stats
-from worker.task import ImageTask, persist
-from worker.thumbnails import thumbnail_store
-from worker.tokens import TokenBuckets
+from worker.imaging.pool import ImagePool
+from worker.parking.hand_back_on_resume import HaltedLine
+from worker.parking.hand_back_when_due import WaitLine
+from worker.scheduling.scheduler import Scheduler
+from worker.outcomes.stats import Stats
+from worker.outcomes.task import ImageTask, persist
+from worker.imaging.thumbnails import thumbnail_store
+from worker.fetching.tokens import TokenBuckets
 
 
 async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, joining: Joining) -> None:
@@ -47,7 +47,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
         feed = KafkaFeed(consumer, WORKER_GROUP)
     else:
         consumer, feed = early
-    # URLs waiting in Kafka come back through consumers of their own (worker.waiting, worker.halted_line).
+    # URLs waiting in Kafka come back through consumers of their own (worker.parking).
     wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
     halted_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, HALTED_GROUP, **CONSUMER_EXTRA_CONFIG))
     pool = ImagePool()

@@ -56,7 +56,7 @@ from url_lists.dataset.writers import (OUTCOME_FIELDS, ShardWriter, discard_left
 from url_lists.rows import url_origin_of
 from url_lists.sites import site_of_host
 from url_lists.tsv_producer import with_scheme
-from worker.thumbnails import ThumbnailFolder
+from worker.imaging.thumbnails import ThumbnailFolder
 
 STATE_FILE = "collector.json"
 STATS_FILE = "stats.json"

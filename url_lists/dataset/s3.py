@@ -2,8 +2,8 @@
 
 The crawler stored each success's thumbnail under ``contracts.thumbnail_key``; the
 collector fetches many at once over keep-alive connections. Each GET is signed as the
-worker signs its PUTs (``worker.thumbnails.PutSigner``, here with only the host signed)
-and sent by ``worker.http_client.HttpClient``: botocore's ``get_object`` cost over a
+worker signs its PUTs (``worker.imaging.thumbnails.PutSigner``, here with only the host signed)
+and sent by ``worker.fetching.http_client.HttpClient``: botocore's ``get_object`` cost over a
 millisecond of CPU a call, several times this path's.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 
 from common.contracts import thumbnail_key
 from common.settings import Settings
-from worker.http_client import BadResponse, BodyTooLarge, Disconnected, HttpClient
-from worker.thumbnails import PutSigner, put_signer, s3_error_code
+from worker.fetching.http_client import BadResponse, BodyTooLarge, Disconnected, HttpClient
+from worker.imaging.thumbnails import PutSigner, put_signer, s3_error_code
 
 MAX_THUMBNAIL_BYTES = 32 << 20
 GET_TIMEOUT = 60.0

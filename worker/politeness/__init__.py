@@ -1,6 +1,6 @@
 """What a fetch must ask before and after touching a website (SPEC.md §3).
 
-The worker's fetcher (``worker/fetch.py``) calls a ``RequestGate`` for every
+The worker's fetcher (``worker/fetching/fetch.py``) calls a ``RequestGate`` for every
 hop of a request, the first URL and each redirect target, in this order:
 
 1. ``await gate.before_request(url, source)``: may raise ``Refused``

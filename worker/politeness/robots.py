@@ -12,7 +12,7 @@ checking a URL costs no Redis round-trip.
 A robots.txt that cannot be had (5xx, 429, timeout, no connection) is tried
 again with backoff (30 s doubling to 1 h); meanwhile its URLs are refused
 with ``RobotsUnavailable`` and a ``retry_at``, which the task turns into a
-wait (``worker.waiting``), not an outcome. A 4xx means no rules (RFC 9309).
+wait (``worker.parking.wait_topics``), not an outcome. A 4xx means no rules (RFC 9309).
 """
 from __future__ import annotations
 

@@ -4,15 +4,15 @@ One consumer reads the ``urls`` topic, subscribed once: a new source costs no
 rebalance (issue 26). Messages wait in a per-source queue and start as tasks on
 the source's reserved slots (its need, rate x observed latency) or, one at a
 time, on the shared slots that are the floor of every source
-(``allocation.reserve``), within MAX_TASKS. Sources are taken in rotation, so
+(``slots.reserve``), within MAX_TASKS. Sources are taken in rotation, so
 shared slots go round.
 
 Many sources share a partition, so no source may hold it: a URL its source
 cannot take now is parked in Kafka and committed, never held here. A source
 whose queue is full (seconds of its rate), that is slow, paused or backed off,
 has its next URLs parked in a wait topic until the time its rate says they can
-go (``worker.waiting``); a temporarily halted source's wait a turn; a halted
-source's go to ``urls_halted`` until it resumes (``worker.halted_line``). What
+go (``worker.parking.wait_topics``); a temporarily halted source's wait a turn; a halted
+source's go to ``urls_halted`` until it resumes (``worker.parking.hand_back_on_resume``). What
 the worker holds is bounded by MAX_QUEUED_URLS: past it every partition is paused
 until half has gone (those that feed a fast source only at the bound itself).
 
@@ -42,20 +42,20 @@ from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
 from common.statuses import Status
 from worker import metrics
-from worker.admission import Admission
-from worker.allocation import reserve
+from worker.scheduling.slow_starts import Admission
+from worker.scheduling.slots import reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, FAST_SOURCE_RATE, FORGET_ABOVE,
                               LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL,
                               FINISHED_FLUSH_INTERVAL, PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS,
                               POLL_BATCH, POLL_TIMEOUT,
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
                               SLOW_PARTITIONS_PAUSE_AT, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
-from worker.feed import TP, Feed, Record
-from worker.finished import FinishedRecord, Skips
-from worker.offsets import PartitionOffsets, commit_finished, committable_positions
-from worker.task import deliver
-from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
-from worker.waiting import parked_message, wait_message
+from worker.intake.feed import TP, Feed, Record
+from worker.intake.finished_offsets import FinishedRecord, Skips
+from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
+from worker.outcomes.task import deliver
+from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
+from worker.parking.wait_topics import parked_message, wait_message
 
 Handle = Callable[[CrawlRequest], Awaitable[float]]
 
@@ -382,7 +382,7 @@ class Scheduler:
         self._fast, self._slow_demand = fast, slow_demand
 
     def _dispatch(self) -> None:
-        """Start what the slots and the slow sources' allowance (``worker.admission``) allow,
+        """Start what the slots and the slow sources' allowance (``worker.scheduling.slow_starts``) allow,
         one task per source per round, sources in rotation.
 
         Called whenever a task ends, so it is kept cheap: after the first round

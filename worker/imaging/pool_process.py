@@ -1,7 +1,7 @@
-"""The pool process's side of ``worker.pool``: its loop and what it runs.
+"""The pool process's side of ``worker.imaging.pool``: its loop and what it runs.
 
-Kept apart from ``worker.pool`` so that a spawned pool process imports only
-this, ``worker.imaging`` and Pillow (~0.03 s of CPU), not the event loop's
+Kept apart from ``worker.imaging.pool`` so that a spawned pool process imports only
+this, ``worker.imaging.analysis`` and Pillow (~0.03 s of CPU), not the event loop's
 side with its metrics and Redis client (~0.15 s): four pool processes start
 with every worker pair, and one more each time a pool process dies.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from common.process import die_with_parent
 from worker.constants import IMAGE_PROCESS_KEPT_FREE_BYTES
-from worker.imaging import Analysis, analyze
+from worker.imaging.analysis import Analysis, analyze
 
 LENGTH = struct.Struct("!Q")  # the length prefix of each request and answer
 DONE, UNREADABLE, FAILED = "done", "unreadable", "failed"

@@ -23,7 +23,7 @@ from common.contracts import EVENT_FINISHED_RECORD_FAILED, finished_offsets_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from worker.constants import FINISHED_OFFSETS_BUFFER, FINISHED_OFFSETS_TTL
-from worker.feed import TP
+from worker.intake.feed import TP
 
 
 class FinishedRecord:

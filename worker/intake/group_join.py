@@ -17,7 +17,7 @@ from common.contracts import HALTED_URLS_TOPIC, URLS_TOPIC, WAIT_TOPIC_PARTITION
 from common.kafka import AsyncConsumer, consumer_config, ensure_topics
 from common.settings import Settings
 from worker.constants import CONSUMER_EXTRA_CONFIG
-from worker.feed import KafkaFeed
+from worker.intake.feed import KafkaFeed
 
 Joining = Future[tuple[AsyncConsumer, KafkaFeed]]
 

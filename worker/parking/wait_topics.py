@@ -1,7 +1,7 @@
 """Where URLs wait for a time (SPEC.md §1): for their host's robots.txt, or parked because
 their source cannot take them now.
 
-This module writes the messages; ``worker.wait_line`` reads them. A URL waiting in
+This module writes the messages; ``worker.parking.hand_back_when_due`` reads them. A URL waiting in
 a task would hold a slot and, since offsets are committed in order, the commit of
 its whole partition, for up to hours; a URL held in the worker's memory would
 hold the other sources of its partition behind it (issue 26). So it waits in

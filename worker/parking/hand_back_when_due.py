@@ -1,4 +1,4 @@
-"""The wait line: hands waiting URLs back to ``urls`` once due (see ``worker.waiting``,
+"""The wait line: hands waiting URLs back to ``urls`` once due (see ``worker.parking.wait_topics``,
 which writes them).
 
 A partition of a wait topic mixes sources whose turns come in a different order
@@ -8,7 +8,7 @@ whichever is due, not only the first: a URL due later never holds back one due
 sooner behind it (issue 26). Each partition's commit stays at its lowest record
 not yet handed over (at-least-once); a partition holding its bound is paused
 until half of it has gone. What it handed over above a commit is recorded for the
-partition's next owner (``worker.finished``), which does not hand it over again.
+partition's next owner (``worker.intake.finished_offsets``), which does not hand it over again.
 """
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from common.protocols import AsyncRedis, MessageProducer
 from common.statuses import Status
 from worker import metrics
 from worker.constants import POLL_BATCH, WAIT_HELD_PER_PARTITION, WAIT_POLL_SECONDS
-from worker.feed import TP, Feed, Record
-from worker.finished import FinishedRecord, Skips
-from worker.offsets import PartitionOffsets, commit_finished
-from worker.waiting import hand_back, wait_message, wait_times
-from worker.task import deliver
+from worker.intake.feed import TP, Feed, Record
+from worker.intake.finished_offsets import FinishedRecord, Skips
+from worker.intake.offsets import PartitionOffsets, commit_finished
+from worker.parking.wait_topics import hand_back, wait_message, wait_times
+from worker.outcomes.task import deliver
 
 
 class WaitLine:

@@ -93,7 +93,7 @@ class KafkaFeed:
 
     async def subscribe(self, topics: list[str]) -> None:
         """Subscribe to ``topics``; again to the same ones, nothing (it would rejoin the group):
-        the worker subscribes before it has loaded (``worker.joining``), the scheduler when it runs."""
+        the worker subscribes before it has loaded (``worker.intake.group_join``), the scheduler when it runs."""
         if self._subscribed == topics:
             return
 

@@ -1,4 +1,4 @@
-"""A process pool for ``imaging.analyze``, so one worker uses every core.
+"""A process pool for ``analysis.analyze``, so one worker uses every core.
 
 The event loop only ships bytes in and results out, and drives each pool
 process itself through a socket pair, with a second request queued behind
@@ -7,10 +7,10 @@ images. ``concurrent.futures``' process pool does the same through a manager
 thread and a feeder thread, whose wake-ups cost a quarter of a worker's CPU
 (docs/decisions.md, "Our own process pool").
 
-The pool process runs ``worker.image_process``, which imports little (it starts
+The pool process runs ``worker.imaging.pool_process``, which imports little (it starts
 with every worker and again after each crash).
 
-Bodies come in shared memory (``worker.shared_memory``): the download was
+Bodies come in shared memory (``worker.fetching.shared_memory``): the download was
 received straight into a segment, and the pool process reads it through
 ``/proc/{worker}/fd/{fd}``; only its path crosses the socket, not megabytes
 of pickled bytes.
@@ -41,10 +41,10 @@ from common.jsonlog import log_event
 from common.statuses import Status
 from worker import metrics
 from worker.constants import IMAGE_PROCESS_NICENESS, IMAGE_TIMEOUT, REQUESTS_PER_PROCESS
-from worker.image_process import (FAILED, LENGTH, UNREADABLE, SegmentUnreadable, analyze_shared,
+from worker.imaging.pool_process import (FAILED, LENGTH, UNREADABLE, SegmentUnreadable, analyze_shared,
                                   serve)
-from worker.imaging import Analysis, analyze
-from worker.shared_memory import Body
+from worker.imaging.analysis import Analysis, analyze
+from worker.fetching.shared_memory import Body
 
 CRASHED = Status.IMAGE_WORKER_CRASHED
 TIMED_OUT = Status.IMAGE_TIMEOUT
@@ -66,7 +66,7 @@ class ImagePool:
         metrics.IMAGE_PROCESSES.set(self.processes)
 
     async def analyze(self, body: Body | bytes, target_resolution: int) -> Analysis:
-        """``imaging.analyze`` in a pool process; a ``Body`` in a segment is read from there."""
+        """``analysis.analyze`` in a pool process; a ``Body`` in a segment is read from there."""
         path = body.path if isinstance(body, Body) else None
         if isinstance(body, Body) and path is not None and self._shared:
             try:

@@ -4,7 +4,7 @@ Outcomes: a quality message (plus the EXIF message and the thumbnail) on
 success; ``link_rot`` for 404 and 410; a retry through ``inbound_images``
 for transient failures while attempts remain; ``crawl_errors`` for every
 other end. A URL whose host's robots.txt cannot be had is no outcome yet: it
-waits in a wait topic (``worker.waiting``) and comes back, up to
+waits in a wait topic (``worker.parking.wait_topics``) and comes back, up to
 ``ROBOTS_UNAVAILABLE_GIVE_UP`` after it first found robots.txt unavailable.
 ``process`` returns only once its outcome (or its wait) is acknowledged, so
 the scheduler can commit the message's offset.
@@ -43,16 +43,16 @@ from common.statuses import OPT_OUTS, RULES_UNAVAILABLE, Status, in_windows, is_
 from common.protocols import MessageProducer
 from worker import metrics
 from worker.constants import INFRA_RETRY_FIRST_DELAY, INFRA_RETRY_MAX_DELAY, LINK_ROT_STATUSES
-from worker.fetch import Fetched, FetchError, Fetcher
-from worker.imaging import Analysis
-from worker.thumbnails import ThumbnailRefused, ThumbnailStore
-from worker.shared_memory import Body, SegmentUnavailable
+from worker.fetching.fetch import Fetched, FetchError, Fetcher
+from worker.imaging.analysis import Analysis
+from worker.imaging.thumbnails import ThumbnailRefused, ThumbnailStore
+from worker.fetching.shared_memory import Body, SegmentUnavailable
 from worker.politeness.consent import Decision
 from worker.politeness.retry_after import PAUSE_STATUSES
 from worker.politeness.robots import product_token
 from common.robots_tag import applicable_directives, forbids_thumbnail
-from worker.waiting import wait_message
-from worker.stats import Stats
+from worker.parking.wait_topics import wait_message
+from worker.outcomes.stats import Stats
 
 T = TypeVar("T")
 Analyze = Callable[[Body, int], Awaitable[Analysis]]  # the body, the thumbnail's target size

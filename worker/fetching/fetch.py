@@ -8,7 +8,7 @@ that it is written the moment its token is spent: tokens held while
 queueing for a busy host or a handshake would reach the site in bursts. A
 connect that fails costs a token all the same (its SYNs reached the site).
 Redirects are followed here rather than by aiohttp for exactly that
-reason. The body is received into shared memory (``worker.http_client``)
+reason. The body is received into shared memory (``worker.fetching.http_client``)
 and abandoned past the size cap, so a hostile server cannot make us hold
 more than ``max_image_bytes``.
 
@@ -33,11 +33,11 @@ from common.jsonlog import log_event
 from common.statuses import Status
 from worker import metrics
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
-from worker.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient, Ready
+from worker.fetching.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient, Ready
 from worker.politeness import Refused, RequestGate
 from worker.politeness.consent import Decision, ResponseConsent
-from worker.shared_memory import Body, SegmentPool, SegmentUnavailable
-from worker.tokens import ShuttingDown, SourceHalted, TokenBuckets
+from worker.fetching.shared_memory import Body, SegmentPool, SegmentUnavailable
+from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Fetched:
     headers: Mapping[str, str]    # a CIMultiDict: X-Robots-Tag may repeat
     body: Body                    # read for 2xx only; its holder releases it
     token_wait: float             # seconds spent waiting for tokens
-    ttfb: float = 0.0             # the last hop's time to first byte (worker.http_client)
+    ttfb: float = 0.0             # the last hop's time to first byte (worker.fetching.http_client)
 
     @property
     def size(self) -> int:
@@ -168,7 +168,7 @@ class Fetcher:
                     decision = self._consent.refusal(response.headers) if self._consent else None
                     if decision is not None:
                         # Not a byte of the body is read: the unread response closes the connection
-                        # (worker.http_client), which costs the site less than sending it all.
+                        # (worker.fetching.http_client), which costs the site less than sending it all.
                         raise FetchError(Status.OPTED_OUT, response.status, decision=decision)
                     body = await response.read_body(self._segments, self._max_bytes)
                     metrics.downloaded(time.monotonic() - started, body.size)

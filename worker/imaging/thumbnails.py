@@ -3,7 +3,7 @@ or, with THUMBNAIL_DIR set (one machine: the embedded crawl), the file of that n
 (``ThumbnailFolder``).
 
 Each upload is a SigV4 presigned PUT sent by a client of its own, the image
-client's kind (``worker.http_client``: aiohttp's request machinery cost ~1.5
+client's kind (``worker.fetching.http_client``: aiohttp's request machinery cost ~1.5
 times its CPU a PUT). ``put_object`` would do both, but its request pipeline (event hooks,
 endpoint rules, parameter validation, response parsing) cost ~1.6 ms of the
 event loop's CPU per thumbnail, and the client's ``generate_presigned_url``
@@ -50,7 +50,7 @@ from common.contracts import thumbnail_key
 from common.hosts import url_origin
 from common.settings import Settings
 from worker.constants import S3_MAX_ANSWER_BYTES, S3_MAX_CONNECTIONS, S3_PRESIGN_SECONDS, S3_PUT_TIMEOUT
-from worker.http_client import HttpClient
+from worker.fetching.http_client import HttpClient
 
 CONTENT_TYPE = "image/jpeg"
 _TEMPLATE_KEY = "key-template"

@@ -1,7 +1,7 @@
 """Decode, measure and thumbnail one downloaded image: the CPU-heavy part of a task.
 
 ``analyze`` is a pure function from bytes to an ``Analysis`` so that it can
-run in a process pool (worker/pool.py) and be tested without any server.
+run in a process pool (worker/imaging/pool.py) and be tested without any server.
 It never raises for bad input: an undecodable file or a decompression bomb
 is an ``Analysis`` with ``error`` set, because an exception crossing the
 process boundary would have to be pickled and classified again.
@@ -18,11 +18,11 @@ from PIL import Image
 
 from common.statuses import Status
 
-from worker import webp
+from worker.imaging import webp
 from worker.constants import (MAX_IMAGE_PIXELS, THUMBNAIL_JPEG_QUALITY, THUMBNAIL_REDUCING_GAP,
                               THUMBNAIL_RESAMPLE)
-from worker.exif_json import exif_to_json
-from worker.jpeg_quality import estimate_quality
+from worker.imaging.exif_json import exif_to_json
+from worker.imaging.jpeg_quality import estimate_quality
 
 Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 RESAMPLE = Image.Resampling[THUMBNAIL_RESAMPLE]

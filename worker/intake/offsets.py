@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from worker.feed import TP
+from worker.intake.feed import TP
 
 
 class PartitionOffsets:

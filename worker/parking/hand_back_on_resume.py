@@ -29,9 +29,9 @@ from common.statuses import Status
 from common.protocols import MessageProducer
 from worker.constants import (HALTED_RESCAN_SECONDS, HALTED_RESUME_GRACE_SECONDS, HALTED_RESUME_RESCAN_SECONDS,
                               POLL_BATCH, WAIT_POLL_SECONDS)
-from worker.feed import TP, Feed, Record
-from worker.task import deliver
-from worker.waiting import hand_back
+from worker.intake.feed import TP, Feed, Record
+from worker.outcomes.task import deliver
+from worker.parking.wait_topics import hand_back
 
 
 class HaltedFeed(Feed, Protocol):

@@ -7,7 +7,7 @@ two passes over a cache-cold 3.5 MB were about half of the worker's CPU per
 image (``bench.worker_images``). Here the socket is read
 (``asyncio.BufferedProtocol``) straight into a ``shared_memory.Segment``.
 The thumbnail store's PUTs go through it too, for less CPU: aiohttp's request
-machinery cost 0.25-0.39 ms a PUT, this client 0.21-0.24 (``worker.thumbnails``).
+machinery cost 0.25-0.39 ms a PUT, this client 0.21-0.24 (``worker.imaging.thumbnails``).
 
 The framing is judged by llhttp (``httptools``, Node.js's parser, with none of
 its leniencies on), not by hand-written rules: two parsers that disagree about
@@ -55,7 +55,7 @@ from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_
                               HTTP_MAX_INTERIM_RESPONSES, HTTP_MAX_LENGTH_DIGITS, HTTP_SCRATCH_BYTES,
                               HTTP_STREAM_BUFFER_BYTES, READ_TIMEOUT)
 from worker.politeness.addresses import system_resolve
-from worker.shared_memory import Body, SegmentPool
+from worker.fetching.shared_memory import Body, SegmentPool
 
 
 class BadResponse(Exception):

@@ -1,0 +1,1 @@
+"""Fetching: a source's token, then the download into shared memory."""

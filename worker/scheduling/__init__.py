@@ -1,0 +1,1 @@
+"""Scheduling: which URL starts next, on which slot, and how many a source may hold here."""
