@@ -21,7 +21,7 @@ from common.hosts import InvalidHost, Origin, url_origin
 # --- Kafka topics (SPEC.md §1) -------------------------------------------------
 INBOUND_TOPIC = "inbound_images"
 INBOUND_PARTITIONS = 4  # of inbound_images (and rejected_messages) where this project creates them
-# Every source's URLs, in one keyed topic of URL_PARTITIONS partitions (issue 26): a new source
+# Every source's URLs, in one keyed topic of URL_PARTITIONS partitions: a new source
 # costs no topic and no rebalance. A source spreads over url_shards(its limit) partitions.
 URLS_TOPIC = "urls"
 METADATA_TOPIC = "image_metadata_updates"
@@ -80,7 +80,7 @@ NUM_RESIZED = "num_resized"
 RESIZE_ERRORS = "resize_errors"
 LAST_50_LENGTH = 50
 # Every per-source key that is state, not a counter, expires at most this long after the
-# source's last request (issue 26: a crawl of millions of sites must not keep them all).
+# source's last request: a crawl of millions of sites must not keep them all.
 SOURCE_STATE_TTL_SECONDS = 12 * 60 * 60
 
 # status60s:{source}: one sorted-set member per request, the breaker's sliding minute.
@@ -171,14 +171,14 @@ def response_times_key(source: str, bucket_start: int) -> str:
 
 # Sorted set: each source scored by the Unix time of its latest outcome (workers ZADD with
 # every outcome, nothing else). The monitor's per-second work reads only the sources it names as recent,
-# so that work follows the sources being crawled, not every source ever seen (issue 20).
+# so that work follows the sources being crawled, not every source ever seen.
 ACTIVE_SOURCES = "active_sources"
 # Sorted set: each source scored by the Unix time a task last waited for its tokens (workers,
 # every ACTIVE_HEARTBEAT_SECONDS while one waits) or a URL of it was split. The regulator grants
 # tokens to the sources recent here or in ACTIVE_SOURCES; the breaker and the back-off, which
 # judge outcomes, read ACTIVE_SOURCES alone, so a waiting source costs them nothing.
 WAITING_SOURCES = "waiting_sources"
-# A source's backlog (issue 26) is urls_split - urls_ended: URLs split for the first time (a retry
+# A source's backlog is urls_split - urls_ended: URLs split for the first time (a retry
 # is not new) and URLs that reached their terminal outcome. Counters: they never expire.
 urls_split_key = _keyed("urls_split")
 urls_ended_key = _keyed("urls_ended")
@@ -196,7 +196,7 @@ def finished_offsets_key(topic: str, partition: int) -> str:
 
 # Statuses (the names in Redis and in crawl_errors' reason) live in common.statuses.
 
-# URL lists (issue 27, SPEC.md §2): the list producer publishes each derived source's count of URLs
+# URL lists (SPEC.md §2): the list producer publishes each derived source's count of URLs
 # (its registrable domain's) here, and the monitor's regulator reads the rate of a source with no
 # size in SOURCES_URL from it. A list's rows are counted once, however often it is resumed: the
 # producer moves ``list_counted:{run}`` (the list's position counted so far) in the same script.
@@ -262,7 +262,7 @@ EVENT_WORKER_TOKENS_FORFEITED = "worker_tokens_forfeited"
 EVENT_WORKER_SLOW_SOURCES_HELD = "worker_slow_sources_held"
 
 
-# URL lists (issue 27): the list producer and the exporter of results.
+# URL lists: the list producer and the exporter of results.
 EVENT_LIST_BAD_ROW = "list_bad_row"
 EVENT_LIST_STARTED = "list_started"
 EVENT_LIST_PRODUCED = "list_produced"
@@ -270,7 +270,7 @@ EVENT_LIST_INTERRUPTED = "list_interrupted"
 EVENT_EXPORT_SHARD = "export_shard_written"
 EVENT_EXPORT_STOPPED = "export_stopped"
 EVENT_EXPORT_GAP = "export_gap"
-# The dataset collector (issue 42, url_lists.dataset): a shard published whole; the sites' limits
+# The dataset collector (url_lists.dataset): a shard published whole; the sites' limits
 # not readable from Redis (the summary's rate line goes without); a broker that cannot find
 # offsets by time (a fresh run then reads the outcome topics from their start).
 EVENT_DATASET_SHARD = "dataset_shard_written"

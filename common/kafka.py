@@ -267,8 +267,7 @@ class TopicCreator:
     """One AdminClient for the life of its owner, creating topics many per request.
 
     Each AdminClient is a librdkafka handle of its own (``rdkafka#producer-N``) with
-    its own connections and bootstrap: one per topic was the splitter's bottleneck
-    at thousands of sources (issue 20: ~50 topics a second, 3,600 handles).
+    its own connections and bootstrap: one per topic would be the splitter's bottleneck.
     """
 
     def __init__(self, hosts: str, partitions: int, timeout: float = TOPIC_CREATE_TIMEOUT):

@@ -1,8 +1,8 @@
 """The asyncio Redis client every process uses: a bounded pool that waits, never fails.
 
 redis-py's default asyncio pool raises ``MaxConnectionsError`` once its 100
-connections are in use; at thousands of sources a worker's tasks reached that
-(issue 20: 3,674 ``infra_retry`` at 5,000 sources). Running out of
+connections are in use, as a worker's tasks do at thousands of sources
+(docs/decisions.md, "Thousands of sources"). Running out of
 connections is load, not an outage: a caller waits for the next free one.
 
 Its registered scripts (a worker's token and stats per request) run over one

@@ -1,9 +1,9 @@
-"""Lua scripts over one pipelined connection: the per-request Redis calls (issue 28).
+"""Lua scripts over one pipelined connection: the per-request Redis calls.
 
 A worker calls a script per request (its token, ``worker.fetching.tokens``) and per outcome (its
-stats, ``worker.outcomes.stats``). Through redis-py each call cost ~180-230 us of the worker's CPU
+stats, ``worker.outcomes.stats``). Through redis-py each call costs the worker's CPU in layers
 (checking a connection out of the pool and its health, the retry wrapper, the packing and
-parsing layers): a fifth of the event loop's time in ``bench.peer_img2dataset``. Here every
+parsing; docs/decisions.md, "Per-image CPU and the servers' share"). Here every
 task's ``EVALSHA`` is written at once to one connection and its reply matched to it in
 order (Redis answers a connection's commands in the order they came), parsed by hiredis:
 59-211 us a call against redis-py's 240-393 (``docs/decisions.md``, "Per-image CPU and the

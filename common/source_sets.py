@@ -35,7 +35,7 @@ async def read_source_sets(redis: Any, inbound: bool = True) -> SourceSets:
 
 async def stopped_among(redis: Any, sources: list[str]) -> tuple[frozenset[str], frozenset[str]]:
     """Which of ``sources`` are halted and which temporarily halted, by SMISMEMBER: a reply the
-    size of ``sources`` (the active ones), not of every halt ever made (issue 26)."""
+    size of ``sources`` (the active ones), not of every halt ever made."""
     if not sources:
         return frozenset(), frozenset()
     pipe = redis.pipeline(transaction=False)

@@ -1,10 +1,9 @@
 """The sources with outcomes lately (``active_sources``), and those with URLs split or tasks
 waiting for their tokens (``waiting_sources``), so per-second work skips the quiet ones.
 
-At 5,000 sources the monitor's event loop spent nearly all of each second reading
-every source ever seen (response buckets, breaker windows, counters) while a few
-hundred were being crawled; the buckets fell behind, expired, and the crawl stalled
-(issue 20). A source with no outcome since a reader last looked has nothing new for it:
+Reading every source ever seen (response buckets, breaker windows, counters) each
+second, for the few hundred being crawled, would take the monitor's whole loop
+(docs/decisions.md, "Thousands of sources"). A source with no outcome since a reader last looked has nothing new for it:
 its windows only age, and its response buckets stay empty.
 """
 from __future__ import annotations

@@ -20,8 +20,8 @@ made after it (buckets that started later), so one slow queue is not punished tw
 
 A source new to the monitor starts at a tenth of its ceiling (a site saturated from the
 first second would otherwise teach a saturated baseline) and doubles while answers stay
-fast (TCP's slow start). Waiting for complete buckets of 10 answers made that ~10 s per
-doubling at a few req/s (issue 28), so the slow start is judged every second on the answers
+fast (TCP's slow start). Complete buckets of 10 answers would be ~10 s per doubling at a
+few req/s, so the slow start is judged every second on the answers
 recorded since the last look (``observe_fresh``): a few (``ADAPTIVE_SLOW_START_SAMPLES``),
 to requests made after the last doubling, tell "as fast as at first" from "slower". The
 first slow-down halves the multiplier (back to the last rate answered fast) and ends the
@@ -329,10 +329,9 @@ class Adaptation:
     async def meet(self, sources: Iterable[str]) -> None:
         """Read the saved state and switch of the sources not in memory, before their first grant.
 
-        Met at their first ``effective`` instead, they were granted a slow start's tenth until
-        the next ``update``: after each monitor restart every source's rate read 1 req/s of 6
-        for a second, the workers that read it parked 23 URLs a source 1 s apart, and the crawl's
-        last 30 s ran at 1 req/s a source (test_monitor_stopped_requests_stop_then_resume)."""
+        Met at their first ``effective`` instead, they would be granted a slow start's tenth
+        until the next ``update``: after a monitor restart, a second at a tenth of every rate,
+        and the workers that read it would park URLs by it."""
         new = [source for source in sources if source not in self.controllers]
         if not new:
             return
@@ -365,8 +364,8 @@ class Adaptation:
         """Once a second: the switches, the buckets that ended,
         and the slow-starting sources' open buckets (for the answers recorded since the last look).
 
-        Only the sources the regulator granted a rate lately are considered (issue 26: not every
-        source ever seen), and of them only those with an outcome since the oldest due bucket
+        Only the sources the regulator granted a rate lately are considered (not every source
+        ever seen), and of them only those with an outcome since the oldest due bucket
         began (``active_sources``) can have answers in it; only they are read, judged and saved,
         with any source whose ceiling or switch changed. A quiet source's state waits in
         memory, and in Redis; one not asked about for ADAPTIVE_FORGET_SECONDS is forgotten

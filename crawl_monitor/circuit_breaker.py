@@ -89,16 +89,14 @@ class CircuitBreaker:
     async def check(self, now: float) -> None:
         """Judge every source on its requests up to ``now`` (Unix time, as workers score them)."""
         # A source without an outcome in the last minute has nothing new to judge: its window
-        # only empties, which matters to a temporary halt alone (issue 20: 5,000 sources). A
+        # only empties, which matters to a temporary halt alone. A
         # full pass (the first check, then every BREAKER_FULL_PASS_SECONDS) judges every source
         # with an outcome in the last minute: no monitor means no tokens, so nothing older is
         # new. Between two full passes, only the sources with outcomes since the last check: a
         # window that merely ages (successes leaving it before errors) is judged within a pass.
-        # Nothing here reads every source ever seen (issue 26: 100,000 sources).
+        # Nothing here reads every source ever seen.
         # Between full passes a source is judged only if its latest activity changed since the
-        # last check: read with ACTIVE_SOURCES_SLACK_SECONDS of slack for the workers' clocks,
-        # every source was judged ~6 times over, and at 5,000 new sources the breaker took 43%
-        # of the monitor's loop and the regulator's ticks came late (bench.sources).
+        # last check, not on ACTIVE_SOURCES_SLACK_SECONDS of slack: that judged each ~6 times.
         full_pass = now >= self._next_full_pass
         if full_pass:
             since, self._next_full_pass = now - contracts.MINUTE_WINDOW_SECONDS, now + BREAKER_FULL_PASS_SECONDS

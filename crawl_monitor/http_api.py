@@ -24,8 +24,8 @@ free port: read it from ``runner.addresses[0][1]``). ``redis`` is a
 Endpoints:
 
 - ``/metrics``: Prometheus text format (SPEC.md §6), per source active in the last
-  10 minutes (``active_sources``, ``waiting_sources``) or halted or paused (label ``source``): at 100,000
-  sources seen, reading them all took 15 s of the monitor's loop a scrape (issue 26):
+  10 minutes (``active_sources``, ``waiting_sources``) or halted or paused (label ``source``), not
+  every source ever seen:
   ``crawler_source_requests_total``, ``crawler_source_successes_total``,
   ``crawler_source_errors_total`` (label ``status``),
   ``crawler_source_limit_requests_per_second`` (the computed or overridden rate),

@@ -8,9 +8,9 @@ Each source's ``effective_rate`` and ``response_ms`` come from the adaptive back
 
 A line lists the sources active in its interval (an outcome, a split, a worker waiting
 for their tokens: ``active_sources``, ``waiting_sources``) and the halted and paused ones, and counts the rest
-(``general.sources_total``, ``sources_listed``): at 100,000 sources, a line of every
-source was megabytes, and reading them all every 5 s was work for sources with nothing
-going on (issue 26). Even so, at most ``MONITORING_MAX_LISTED`` sources are read and
+(``general.sources_total``, ``sources_listed``): a line of every source ever seen
+would be megabytes, read every 5 s for sources with nothing going on. Even so, at
+most ``MONITORING_MAX_LISTED`` sources are read and
 ``MONITORING_SPECIFIC_BYTES`` of them written (stopped ones first, then the most recently
 active), and the halted names in ``circuit_breaker_tripped`` stop at
 ``MONITORING_TRIPPED_BYTES``, so one line stays under 256 KiB whatever the crawl.

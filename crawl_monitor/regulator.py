@@ -64,8 +64,8 @@ class Regulator:
 
     Rate precedence: an operator's ``override_rate:{source}`` wins over the
     rate computed from the source's size in SOURCES_URL, which wins over the rate
-    computed from its count of URLs in the lists produced (``list_source_sizes``,
-    issue 27), which wins over ``DEFAULT_SOURCE_RATE``; a source with none of them
+    computed from its count of URLs in the lists produced (``list_source_sizes``),
+    which wins over ``DEFAULT_SOURCE_RATE``; a source with none of them
     gets nothing and is reported. A halted, temporarily halted or Retry-After-paused source
     gets an explicit 0 whatever its rate. Any other is granted what ``adaptation`` (the
     adaptive back-off, ``crawl_monitor.adaptive``) makes of its rate, if there is one; a
@@ -194,9 +194,9 @@ class Regulator:
 
     async def _write(self, grants: dict[str, int], rates: dict[str, float]) -> None:
         """The buckets and rates, REFILL_BATCH sources per script call: one pipeline of every
-        source held Redis (and every worker's command behind it) for its whole length, and
-        two SETs a source through redis-py were a quarter of the monitor's CPU at 5,000
-        sources (issue 20); the script makes them one command per batch."""
+        source would hold Redis (and every worker's command behind it) for its whole length,
+        and redis-py's packing of two SETs a source costs the monitor's CPU; the script makes
+        them one command per batch (docs/decisions.md, "Thousands of sources")."""
         sources = list(grants)
         for start in range(0, len(sources), REFILL_BATCH):
             batch = sources[start:start + REFILL_BATCH]

@@ -40,7 +40,7 @@ class SourceState:
     recent_ms: float | None = None
     adaptive: bool = True  # False while adaptive_off:{source} is set
     # URLs split and not yet ended (urls_split - urls_ended): what waits for the source, halted
-    # or not, now that no topic per source shows it as lag (issue 26).
+    # or not (no topic per source shows it as lag).
     backlog: int = 0
     # URLs its site opted out of, by signal (opted_out:{source}; SPEC.md §1 opted_out).
     opted_out: dict[str, int] = field(default_factory=dict)
@@ -89,8 +89,7 @@ def _whole(number: float | None) -> int | None:
 
 async def shown_sources(redis: Redis, now: float) -> list[str]:
     """The sources the dashboard and ``/metrics`` show: those active in the last
-    SHOWN_RECENT_SECONDS and every halted or paused one. Reading every source seen took
-    4.5 s of the monitor's loop every 5 s at 100,000 sources, and 15 s a scrape (issue 26)."""
+    SHOWN_RECENT_SECONDS and every halted or paused one, not every source ever seen."""
     sets = await read_source_sets(redis, inbound=False)
     return sorted(await wanting_since(redis, now - SHOWN_RECENT_SECONDS) | sets.stopped)
 

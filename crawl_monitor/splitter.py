@@ -3,7 +3,7 @@
 Each URL goes to a partition of its source (``contracts.url_partition``): a slow
 source keeps to one partition, a fast one spreads over as many as its limit needs,
 so several workers share it. No topic is created per source and the workers'
-subscription never changes, so a new source costs the group no rebalance (issue 26).
+subscription never changes, so a new source costs the group no rebalance.
 Throughput comes from batches: one consume of thousands of messages, one flush,
 one commit, one Redis pipeline. The inbound offsets are committed only once
 every message of the batch is acknowledged by the broker, so a crash anywhere

@@ -79,7 +79,7 @@ REBALANCES = Counter("crawler_worker_rebalances", "Partition assignments receive
                      "a rebalance, during which the group reads nothing).", ["group"], registry=REGISTRY)
 SINCE_REBALANCE = Gauge("crawler_worker_seconds_since_rebalance", "Seconds since this worker's partitions last "
                         "changed (or it joined), by consumer group.", ["group"], registry=REGISTRY)
-# Where a parked URL waits (issue 26): a wait topic for its turn, or urls_halted for a resume.
+# Where a parked URL waits: a wait topic for its turn, or urls_halted for a resume.
 PARK_PLACES = ("wait", HALTED_URLS_TOPIC)
 PARKED_TO_WAIT, PARKED_TO_HALTED = PARK_PLACES
 PARKED = Counter("crawler_worker_parked_urls", "URLs read from urls that their source could not take now, written "

@@ -121,11 +121,8 @@ class Fetcher:
             while True:
                 turn_asked = time.monotonic()
                 await turn.take()  # never while holding a host slot: its holder may be waiting for one
-                # The turn's wait is a wait for the source's tokens too (its other tasks hold them).
-                # Counted as work, it made a source's latency grow with its own tasks waiting: in
-                # their slow start the sources whose rates were read first (most slots) measured
-                # 4-6 s a URL, the others 1.5-2.8, and so kept 2-4 times the slots of the others
-                # (bench.peer_img2dataset).
+                # The turn's wait is a wait for the source's tokens (its other tasks hold them), not
+                # work: counted as work, a source's latency, and so its slots, grew with its own queue.
                 waited += time.monotonic() - turn_asked
                 waited += await self._tokens.until_available(source)
                 slot = AsyncExitStack()

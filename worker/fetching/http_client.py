@@ -4,10 +4,10 @@ Image GETs go through it (robots.txt uses aiohttp). It exists for one reason:
 aiohttp's parser copies every body once more, and the body then had to be
 copied again into memory the pool processes can read. On 12 MP photos those
 two passes over a cache-cold 3.5 MB were about half of the worker's CPU per
-image (``bench.worker_images``). Here the socket is read
-(``asyncio.BufferedProtocol``) straight into a ``shared_memory.Segment``.
-The thumbnail store's PUTs go through it too, for less CPU: aiohttp's request
-machinery cost 0.25-0.39 ms a PUT, this client 0.21-0.24 (``worker.imaging.thumbnails``).
+image. Here the socket is read (``asyncio.BufferedProtocol``) straight into a
+``shared_memory.Segment``. The thumbnail store's PUTs go through it too, for less
+CPU than aiohttp's request machinery (docs/decisions.md, "Our own HTTP client into
+shared memory").
 
 The framing is judged by llhttp (``httptools``, Node.js's parser, with none of
 its leniencies on), not by hand-written rules: two parsers that disagree about

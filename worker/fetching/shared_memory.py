@@ -120,8 +120,8 @@ class SegmentPool:
     """Idle segments kept for reuse, up to ``IDLE_SEGMENT_BYTES`` of backed memory; and the
     memory the segments in use hold, for the worker's byte budget (``wait_for_room``).
 
-    That memory is a running total, told of each step a segment backs: summing the segments
-    in use at each download was 3-4% of a worker's event loop with hundreds in hand (issue 28).
+    That memory is a running total, told of each step a segment backs, not a sum over the
+    segments in use at each download (hundreds in hand).
     A segment dropped without being given back leaves the total when it is collected."""
 
     def __init__(self, span: int):

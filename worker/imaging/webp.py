@@ -4,10 +4,8 @@ Pillow decodes every WebP through libwebp's animation API: a still image is
 decoded into an RGBA canvas, the canvas is copied for the next frame's
 disposal, copied again into a Python ``bytes`` and unpacked once more into
 the image. ``WebPDecodeRGBAInto`` decodes into a buffer that becomes the
-image's own (an ``RGBX`` image mapped on it, no copy): on the peer
-benchmark's WebPs (100-1,600 px) the whole analysis took 6.5-6.6 ms an image
-against 8.6-8.7, thumbnails byte for byte identical (docs/decisions.md,
-issue 28).
+image's own (an ``RGBX`` image mapped on it, no copy), thumbnails byte for byte
+identical (docs/decisions.md, "Per-image CPU and the servers' share").
 
 The library is the one Pillow itself loaded (found in ``/proc/self/maps``),
 so no other dependency and no second libwebp. Only an opaque still image

@@ -39,7 +39,7 @@ class Batch:
     assigned: list[TP] = field(default_factory=list)
     revoked: list[TP] = field(default_factory=list)
     # How long the last assignment took: since the revocation before it, and of that, fetching
-    # the committed offsets. Each rebalance stops the worker's reading (issue 20), so it is logged.
+    # the committed offsets. Each rebalance stops the worker's reading, so it is logged.
     rebalance: dict[str, float] = field(default_factory=dict)
 
 
@@ -59,10 +59,9 @@ def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
     """Assign the partitions at their committed offsets, or at 0 where the group has none.
 
     Left to itself librdkafka asks the broker where an uncommitted partition begins
-    with one ListOffsets request per partition: at 3,000 sources (12,000 new
-    partitions) tansu answered none of them within 40 s, and not one URL was read
-    (issue 20; ``bench.topics``). One OffsetFetch for them all, and 0 for the rest,
-    read all 3,000 messages in 12 s. Offset 0 below the log's start (retention) is
+    with one ListOffsets request per partition, which tansu does not answer in time
+    for thousands (docs/decisions.md, "Thousands of sources"). One OffsetFetch for them
+    all, and 0 for the rest, instead. Offset 0 below the log's start (retention) is
     out of range, which librdkafka resets to the earliest as it would have.
     Runs on the consumer's thread, inside the rebalance callback; if the broker does
     not answer, librdkafka assigns them itself, the slow way.
@@ -111,8 +110,7 @@ class KafkaFeed:
             note("assigned", parts)
             metrics.REBALANCE.assigned(self._group, len(parts))
             # A partition paused when it was revoked comes back paused (librdkafka keeps the
-            # flag; confluent-kafka-go issue 193), while the scheduler starts every assigned
-            # partition unpaused: a source paused at a rebalance was never read again (issue 20).
+            # flag), while the scheduler starts every assigned partition unpaused: it is resumed.
             # Resumed before the assignment, so that its start offset is the newer operation.
             try:
                 consumer.resume(parts)
@@ -153,10 +151,9 @@ class KafkaFeed:
 
     def _commit_before_giving_up(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         """On the consumer's thread, in the revocation: commit what finished since the last
-        commit. After it the group's generation is gone and a commit is refused, so the next
-        owner read it all again: after one SIGKILL's rebalance, the survivor's 1,000 URLs crawled
-        in the second before it were crawled twice (test_e2e_halted). Positions a little stale
-        are only lower, never past an unfinished URL."""
+        commit. After it the group's generation is gone and a commit is refused, and the next
+        owner would read it all again. Positions a little stale are only lower, never past an
+        unfinished URL."""
         offered = self._offered
         positions = [TopicPartition(p.topic, p.partition, offered[(p.topic, p.partition)])
                      for p in parts if (p.topic, p.partition) in offered]

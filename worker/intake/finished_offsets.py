@@ -3,7 +3,7 @@
 Kafka commits one position a partition: the lowest offset not finished. Everything a
 worker finished above it (its parks, the crawls that overtook a slow one) was read and
 done again by whoever owned the partition next, after a SIGKILL, a rebalance or a broker
-restart: thousands of second visits (docs/decisions.md, issue 44). Commit metadata could
+restart (docs/decisions.md, "Fleet scale"). Commit metadata could
 hold them on Apache Kafka, but the local broker drops it, so they are kept here instead:
 a sorted set per partition (``finished_offsets:{topic}:{partition}``, member and score the
 offset), added to in batches as outcomes are acknowledged, trimmed below each commit, and

@@ -17,7 +17,7 @@ re-reads only the sources recent there, so its work follows the sources being cr
 
 A terminal outcome (not a retry) also counts in ``urls_ended:{source}``, in the same
 call: the splitter counts ``urls_split:{source}``, and the difference is the source's
-backlog (issue 26).
+backlog.
 
 Trimming is per source and time, not per outcome: at most every
 STATS_TRIM_INTERVAL seconds a source's minute window is trimmed and the expiry of
@@ -26,8 +26,8 @@ that goes quiet leaves only its counters behind (SPEC.md §2). The breaker trims
 too (the count windows' old buckets, once a minute), so nothing it reads changes.
 
 The commands of one outcome travel as one script call (``RECORD``), not a pipeline of
-ten: redis-py packs and parses each command of a pipeline in Python, and those ten were
-the largest share of a worker's own CPU per image after the token (issue 28). Each
+ten: redis-py packs and parses each command of a pipeline in Python (docs/decisions.md,
+"Per-image CPU and the servers' share"). Each
 command still runs on its own (``pcall``): one that fails (a key of the wrong type, left
 by an operator) is reported and the others count, as in a pipeline.
 """

@@ -93,9 +93,7 @@ async def persist(what: str, operation: Callable[[], Awaitable[T]],
     A refusal of the one call (``refusal``) is raised as a Refusal, never retried.
 
     From the first failed attempt to the start of the last one counts as an outage, not as
-    the task's work: counted as work, an S3 outage of 19 s made the sources' latency seconds,
-    their URLs were parked 1 s apart and the last of them came 15 s after the rest
-    (test_s3_outage_mid_crawl_thumbnails_wait)."""
+    the task's work: an outage is not the source's latency, which sizes its slots and parks."""
     delay = INFRA_RETRY_FIRST_DELAY
     failed_at: float | None = None
     while True:

@@ -1,8 +1,8 @@
 """The halted line: URLs of halted sources wait in ``urls_halted`` and come back on resume.
 
 A halted source's URLs are no outcome (SPEC.md §1), and they may not wait in
-``urls`` either: they would hold back every other source of their partitions
-(issue 26). So the scheduler parks them here, and this line, one more consumer
+``urls`` either: they would hold back every other source of their partitions.
+So the scheduler parks them here, and this line, one more consumer
 in each worker, reads the topic only when it may have something to hand back:
 when a source leaves ``halted`` (and every few seconds for a while after, for
 the URLs that other workers, which see the resume up to a refresh later, park
@@ -99,8 +99,7 @@ class HaltedLine:
         """Write a marker at the end of each partition and read up to it.
 
         The broker's reported log end cannot bound a scan: tansu reports the first offset of
-        a partition's last batch, so a batch of parked URLs stayed unread until more came
-        (279 of 2,000 resumed URLs, test_e2e_halted).
+        a partition's last batch, so a last batch of parked URLs would stay unread.
         """
         self._next_scan = self._clock() + HALTED_RESCAN_SECONDS
         self._scan_started = self._clock()

@@ -5,7 +5,7 @@ A partition of a wait topic mixes sources whose turns come in a different order
 than they were written (a 30 s turn ends early at its URL's time), so the line
 holds up to WAIT_HELD_PER_PARTITION records of each partition and hands over
 whichever is due, not only the first: a URL due later never holds back one due
-sooner behind it (issue 26). Each partition's commit stays at its lowest record
+sooner behind it. Each partition's commit stays at its lowest record
 not yet handed over (at-least-once); a partition holding its bound is paused
 until half of it has gone. What it handed over above a commit is recorded for the
 partition's next owner (``worker.intake.finished_offsets``), which does not hand it over again.

@@ -4,7 +4,7 @@ their source cannot take them now.
 This module writes the messages; ``worker.parking.hand_back_when_due`` reads them. A URL waiting in
 a task would hold a slot and, since offsets are committed in order, the commit of
 its whole partition, for up to hours; a URL held in the worker's memory would
-hold the other sources of its partition behind it (issue 26). So it waits in
+hold the other sources of its partition behind it. So it waits in
 Kafka instead: it is produced to a wait topic with its ``not_before`` (when it may
 go) and committed, and the wait line, one more consumer in each worker, hands it
 back to ``urls`` once due.

@@ -54,9 +54,7 @@ POLL_SECONDS = 0.1
 WAIT_SECONDS = 60.0               # a dead holder's lock expires, then a waiter fetches
 MEMORY_SECONDS = 120.0
 MEMORY_BYTES = 64 << 20           # parsed rules kept per worker (ROBOTS_CACHE_BYTES)
-# A parsed group costs about this much: tracemalloc measured 1.5 KiB for one rule, 14 KiB
-# for 10, 54 KiB for 100, 1.7 MiB for 3,000 (28-31 bytes a character of rules); the estimate
-# is 0.8x to 1.2x of it past 30 rules, a few KiB over below (test_politeness_robots_group).
+# A parsed group's memory: a base and a share a character of rules (docs/decisions.md, "robots.txt").
 RULES_BASE_BYTES = 4096
 RULES_BYTES_PER_CHAR = 32
 MAX_CRAWL_DELAY = 60.0            # one request a minute is the slowest we go
@@ -140,7 +138,7 @@ class Rules:
                     usage = _usage_rules(body, categories)
                     if usage:
                         self._usage.append(usage)
-        # What the parsed rules cost a worker, measured with tracemalloc (docs/decisions.md).
+        # What the parsed rules cost a worker's memory (RULES_BYTES_PER_CHAR).
         self.size = RULES_BASE_BYTES + RULES_BYTES_PER_CHAR * sum(len(b) for b in bodies)
         self._agent = _agent_of(file.body)
 

@@ -6,8 +6,8 @@ other crawlers, which would cost ~20 MiB per parse. Only the group our
 product token selects matters (RFC 9309 section 2.2.1: the most specific
 matching group, all of its occurrences merged; ``*`` otherwise), so that
 group is what is stored: ``Allow``, ``Disallow`` and ``Crawl-delay`` lines
-under one ``User-agent`` line, which Protego reads back to the same answers
-(``test/test_politeness_robots_group.py`` checks this against the full file).
+under one ``User-agent`` line, which Protego reads back to the same answers as the
+full file.
 
 The file is split into groups the way Protego reads it (its own directive
 reader, the same grouping rule), and the group is chosen by Protego's own

@@ -37,8 +37,7 @@ from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, RULES, RULES_BASE
 TDMREP_PATH = "/.well-known/tdmrep.json"
 MAX_FILE_BYTES = 512 * 1024   # read no more; a real file is a few rules
 MAX_RULES_BYTES = 64 * 1024   # the rules kept in Redis and parsed by every worker, as robots.txt's group
-# Parsed rules cost about this much a rule (its compiled pattern) and a character kept
-# (tracemalloc, bench.consent; docs/decisions.md).
+# Parsed rules' memory: this much a rule (its compiled pattern) and a character kept (docs/decisions.md, "Consent").
 TDM_BYTES_PER_RULE = 1200
 TDM_BYTES_PER_CHAR = 4
 

@@ -3,10 +3,9 @@
 asyncio runs the ready callbacks one after the other, so when the event loop is
 busy every task waits the same delay between its steps. A slow source loses
 nothing to that: it needs a token every few seconds. A fast one loses tokens:
-its turns pass one token every few rounds of the loop, so beside 5,000 slow
-sources on two cores a 100 req/s source got 27-53% of its limit while the
-slow ones took the CPU, and the crawl ended later, since the fast source's
-backlog is the one its limit makes longest (bench.sources, issue 26).
+its turns pass one token every few rounds of the loop, so beside thousands of
+slow sources it falls far below its limit, and its backlog, the longest, ends
+the crawl later (docs/decisions.md, "One keyed urls topic, and parking").
 
 So fast sources come first. While a source paced at FAST_SOURCE_RATE or more
 has work here, the slow sources' starts are held to what leaves the loop on
