@@ -7,6 +7,7 @@ lowest offset still unfinished, or one past the highest seen when none is.
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Awaitable, Callable
 
 from worker.intake.feed import TP
@@ -15,6 +16,7 @@ from worker.intake.feed import TP
 class PartitionOffsets:
     def __init__(self) -> None:
         self._unfinished: set[int] = set()
+        self._lowest: list[int] = []  # a heap of unfinished offsets; finished ones leave it at its top
         self._next: int | None = None      # one past the highest offset seen
         self.committed: int | None = None  # the last position committed
 
@@ -24,7 +26,9 @@ class PartitionOffsets:
     def add(self, offset: int) -> None:
         if self.committed is None:
             self.committed = offset  # where the group's position already is: nothing to commit yet
-        self._unfinished.add(offset)
+        if offset not in self._unfinished:
+            self._unfinished.add(offset)
+            heapq.heappush(self._lowest, offset)
         self._next = offset + 1 if self._next is None else max(self._next, offset + 1)
 
     def finish(self, offset: int) -> None:
@@ -32,7 +36,12 @@ class PartitionOffsets:
 
     def committable(self) -> int | None:
         """The position to commit, or None when nothing new is safe to commit."""
-        position = min(self._unfinished) if self._unfinished else self._next
+        if len(self._lowest) > 2 * len(self._unfinished) + 1024:  # finished ones held by a slow lowest
+            self._lowest = list(self._unfinished)
+            heapq.heapify(self._lowest)
+        while self._lowest and self._lowest[0] not in self._unfinished:
+            heapq.heappop(self._lowest)
+        position = self._lowest[0] if self._lowest else self._next
         if position is None or (self.committed is not None and position <= self.committed):
             return None
         return position
