@@ -17,16 +17,19 @@ alone would earn it 1 request/s.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench.cpu import _tree as process_tree, stat_cpu
 from bench.peer_img2dataset import JPEG_QUALITY, PEER_BIN, PROCESSES, PEER_THREADS, TARGET, TIMEOUT, build_web
 from demo.simweb import SimWeb, SiteSpec
 from devstack.servers import free_port
@@ -42,6 +45,8 @@ class OneCommand:
     images: int
     wall: float
     cpu: float
+    split: dict[str, float]  # process kind -> CPU seconds, sampled from /proc
+    load: float  # the 1-minute load average at the end
 
     @property
     def rate(self) -> float:
@@ -80,13 +85,56 @@ def tar_images(out: Path) -> int:
     return count
 
 
+def process_kind(pid: int) -> str:
+    """What a process of a command is, from its command line."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    line = b" ".join(argv)
+    for marker, kind in ((b"multiprocessing", "image pool"), (b"-m worker", "workers"), (b"tansu", "tansu"),
+                         (b"valkey", "valkey"), (b"redis", "valkey"), (b"crawl_monitor", "monitor"),
+                         (b"weed", "seaweedfs"), (b"url_lists", "command"), (b"img2dataset", "command")):
+        if marker in line:
+            return kind
+    return "other"
+
+
+class KindSampler:
+    """Each process's own CPU under a command, read from /proc every 0.5 s, by kind; the last
+    sample of a process that exits stays (up to 0.5 s of its CPU is missed)."""
+
+    def __init__(self, pid: int):
+        self.pid, self._last, self._kinds = pid, {}, {}  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for member in process_tree(self.pid):
+                with contextlib.suppress(OSError, IndexError):
+                    self._last[member] = stat_cpu(Path(f"/proc/{member}/stat"))
+                    self._kinds.setdefault(member, process_kind(member))
+
+    def split(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        kinds: dict[str, float] = {}
+        for member, seconds in self._last.items():
+            kinds[self._kinds[member]] = kinds.get(self._kinds[member], 0.0) + seconds
+        return kinds
+
+
 def timed(system: str, argv: list[str], env: dict[str, str], out: Path, log: Path) -> OneCommand:
     cpu0, started = _children_cpu(), time.monotonic()
     with open(log, "wb") as output:
-        subprocess.run(argv, env=env, stdout=output, stderr=subprocess.STDOUT, check=True, timeout=TIMEOUT,
-                       cwd=ROOT)
+        process = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
+        sampler = KindSampler(process.pid)
+        if process.wait(timeout=TIMEOUT):
+            raise subprocess.CalledProcessError(process.returncode, argv)
     wall, cpu = time.monotonic() - started, _children_cpu() - cpu0
-    return OneCommand(system, tar_images(out), wall, cpu)
+    return OneCommand(system, tar_images(out), wall, cpu, sampler.split(), os.getloadavg()[0])
 
 
 def run_round(specs: list[SiteSpec], paths: list[tuple[str, str]], work: Path) -> list[OneCommand]:
@@ -121,10 +169,13 @@ def main(urls: int, rounds: int, work: Path) -> None:
     print(f"\none command each: {urls} URLs, {len(specs)} sites, webdataset, {TARGET} px JPEG q{JPEG_QUALITY}, "
           f"{PROCESSES} processes each; {os.cpu_count()} cores; timed from command start to exit, "
           "this crawler's stack start and stop included, its servers' CPU included")
-    print(f"{'system':<16}{'images':>8}{'wall s':>9}{'images/s':>10}{'CPU s':>9}{'CPU ms/img':>12}")
+    print(f"{'system':<16}{'images':>8}{'wall s':>9}{'images/s':>10}{'CPU s':>9}{'CPU ms/img':>12}{'load':>6}")
     for result in results:
         print(f"{result.system:<16}{result.images:>8}{result.wall:>9.1f}{result.rate:>10.1f}{result.cpu:>9.1f}"
-              f"{result.cpu_per_image * 1000:>12.1f}")
+              f"{result.cpu_per_image * 1000:>12.1f}{result.load:>6.1f}")
+        print("    ms/img by process: " + ", ".join(
+            f"{kind} {seconds / result.images * 1000:.2f}"
+            for kind, seconds in sorted(result.split.items(), key=lambda item: -item[1])))
     pairs = list(zip(results[::2], results[1::2], strict=True))
     for peer, ours in pairs:
         print(f"this crawler / img2dataset: images/s {ours.rate / peer.rate:.2f}x (target >= 0.9x), "
