@@ -23,7 +23,8 @@ from common.contracts import EVENT_FINISHED_RECORD_FAILED, finished_offsets_key
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from worker.constants import FINISHED_OFFSETS_BUFFER, FINISHED_OFFSETS_TTL
-from worker.intake.feed import TP
+from worker.intake.feed import TP, Record
+from worker.intake.offsets import PartitionOffsets
 
 
 class FinishedRecord:
@@ -130,3 +131,20 @@ class Skips:
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._by_part.values())
+
+
+def take_new(record: Record, offsets: dict[TP, PartitionOffsets], skips: Skips) -> bool:
+    """True if ``record`` is new work here; False if it is in progress already (read again) or
+    a previous owner finished it (then it is finished here at once)."""
+    tp = (record.topic, record.partition)
+    partition = offsets.get(tp)
+    if partition is None:
+        partition = offsets[tp] = PartitionOffsets()
+        skips.first_read(tp, record.offset)
+    if record.offset in partition:
+        return False
+    partition.add(record.offset)
+    if skips.take(tp, record.offset):
+        partition.finish(record.offset)
+        return False
+    return True

@@ -23,14 +23,13 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
-from common.contracts import (CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC, REJECTED_TOPIC, SCAN_MARKER_FIELD, URLS_TOPIC,
-                              InvalidMessage, crawl_error_message, parse_crawl_request, rejected_message)
-from common.statuses import Status
+from common.contracts import HALTED_URLS_TOPIC, SCAN_MARKER_FIELD, URLS_TOPIC
 from common.protocols import MessageProducer
 from worker.constants import (HALTED_RESCAN_SECONDS, HALTED_RESUME_GRACE_SECONDS, HALTED_RESUME_RESCAN_SECONDS,
                               POLL_BATCH, WAIT_POLL_SECONDS)
 from worker.intake.feed import TP, Feed, Record
 from worker.outcomes.task import deliver
+from worker.parking.hand_over import hand_on, parse_or_reject
 from worker.parking.wait_topics import hand_back
 
 
@@ -158,11 +157,8 @@ class HaltedLine:
             self._next_scan = min(self._next_scan, self._clock() + HALTED_RESUME_RESCAN_SECONDS)
 
     async def _place(self, record: Record, halted: frozenset[str]) -> None:
-        try:
-            request = parse_crawl_request(record.value)
-        except InvalidMessage as exc:
-            message = rejected_message(record.topic, record.value, str(exc))
-            await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
+        request = await parse_or_reject(self._producer, record)
+        if request is None:
             return
         value, place = record.value or b"", {}
         if request.source in halted:
@@ -171,7 +167,4 @@ class HaltedLine:
         else:
             topic, value, place = URLS_TOPIC, request.to_json(), hand_back(record.value, self._url_partitions)
             self._handed_in_scan += 1
-        if not await deliver(self._producer, topic, value, request.source, place.get("partition"),
-                             identifier=request.uuid):
-            error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
-            await deliver(self._producer, CRAWL_ERRORS_TOPIC, error, identifier=request.uuid)
+        await hand_on(self._producer, request, topic, value, place.get("partition"))

@@ -17,17 +17,14 @@ import heapq
 import time
 from collections.abc import Callable
 
-from common.contracts import (CRAWL_ERRORS_TOPIC, REJECTED_TOPIC, URLS_TOPIC, WAIT_TOPICS, InvalidMessage,
-                              crawl_error_message, parse_crawl_request, rejected_message)
+from common.contracts import URLS_TOPIC, WAIT_TOPICS
 from common.protocols import AsyncRedis, MessageProducer
-from common.statuses import Status
-from worker import metrics
 from worker.constants import POLL_BATCH, WAIT_HELD_PER_PARTITION, WAIT_POLL_SECONDS
 from worker.intake.feed import TP, Feed, Record
-from worker.intake.finished_offsets import FinishedRecord, Skips
+from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished
+from worker.parking.hand_over import hand_on, parse_or_reject
 from worker.parking.wait_topics import hand_back, wait_message, wait_times
-from worker.outcomes.task import deliver
 
 
 class WaitLine:
@@ -61,18 +58,10 @@ class WaitLine:
             self._paused.difference_update(batch.assigned)
             self._skips.add(await self._finished.load(batch.assigned))
             for record in batch.records:
-                tp = (record.topic, record.partition)
-                offsets = self._offsets.get(tp)
-                if offsets is None:
-                    offsets = self._offsets[tp] = PartitionOffsets()
-                    self._skips.first_read(tp, record.offset)
-                if record.offset in offsets:
-                    continue  # read again while held (a seek, a pause's refetch)
-                offsets.add(record.offset)
-                if self._skips.take(tp, record.offset):  # handed over by a previous owner
-                    offsets.finish(record.offset)
-                    continue
-                heapq.heappush(self._held.setdefault(tp, []), (wait_times(record.value)[0], record.offset, record))
+                if take_new(record, self._offsets, self._skips):  # else held already, or handed over before
+                    due = wait_times(record.value)[0]
+                    heapq.heappush(self._held.setdefault((record.topic, record.partition), []),
+                                   (due, record.offset, record))
             await self._hand_over_due()
 
     async def _hand_over_due(self) -> None:
@@ -96,12 +85,8 @@ class WaitLine:
         await self._finished.flush()
 
     async def _hand_over(self, record: Record, now: float) -> None:
-        try:
-            request = parse_crawl_request(record.value)
-        except InvalidMessage as exc:
-            message = rejected_message(record.topic, record.value, str(exc))
-            await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
-            metrics.outcome(metrics.REJECTED)
+        request = await parse_or_reject(self._producer, record)
+        if request is None:
             return
         not_before = wait_times(record.value)[1]
         place = hand_back(record.value, self._url_partitions)
@@ -110,7 +95,4 @@ class WaitLine:
             place = {}
         else:
             topic, value = URLS_TOPIC, request.to_json()
-        if not await deliver(self._producer, topic, value, request.source, place.get("partition"),
-                             identifier=request.uuid):
-            error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
-            await deliver(self._producer, CRAWL_ERRORS_TOPIC, error, identifier=request.uuid)
+        await hand_on(self._producer, request, topic, value, place.get("partition"))

@@ -32,15 +32,13 @@ from collections.abc import Awaitable, Callable
 
 from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
                               EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED)
-from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD, CRAWL_ERRORS_TOPIC, HALTED_URLS_TOPIC,
-                              REJECTED_TOPIC, URLS_TOPIC, CrawlRequest, InvalidMessage, adaptive_key,
-                              crawl_error_message, parse_crawl_request, rate_limit_key, rejected_message)
+from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD, HALTED_URLS_TOPIC, URLS_TOPIC,
+                              CrawlRequest, InvalidMessage, adaptive_key, parse_crawl_request, rate_limit_key)
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.source_sets import read_source_sets
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
-from common.statuses import Status
 from worker import metrics
 from worker.scheduling.slow_starts import Admission
 from worker.scheduling.slots import reserve
@@ -51,10 +49,10 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LAT
                               QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, REFRESH_INTERVAL,
                               SLOW_PARTITIONS_PAUSE_AT, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
 from worker.intake.feed import TP, Feed, Record
-from worker.intake.finished_offsets import FinishedRecord, Skips
+from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
-from worker.outcomes.task import deliver
 from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
+from worker.parking.hand_over import hand_on, reject
 from worker.parking.wait_topics import parked_message, wait_message
 
 Handle = Callable[[CrawlRequest], Awaitable[float]]
@@ -263,17 +261,9 @@ class Scheduler:
                       finished_skipped=sum(len(o) for o in loaded.values()), **timing)
 
     def _accept(self, record: Record) -> None:
-        tp = (record.topic, record.partition)
-        offsets = self._offsets.get(tp)
-        if offsets is None:
-            offsets = self._offsets[tp] = PartitionOffsets()
-            self._skips.first_read(tp, record.offset)
-        if record.offset in offsets:
-            return  # re-delivered while still in progress here
-        offsets.add(record.offset)
-        if self._skips.take(tp, record.offset):  # a previous owner's outcome or park: done
-            offsets.finish(record.offset)
+        if not take_new(record, self._offsets, self._skips):
             return
+        tp = (record.topic, record.partition)
         try:
             request = parse_crawl_request(record.value)
         except InvalidMessage as exc:
@@ -295,9 +285,7 @@ class Scheduler:
         self._queued += 1
 
     async def _reject(self, record: Record, error: str) -> float:
-        message = rejected_message(record.topic, record.value, error)
-        await deliver(self._producer, REJECTED_TOPIC, message, from_topic=record.topic, offset=record.offset)
-        metrics.outcome(metrics.REJECTED)
+        await reject(self._producer, record, error)
         return 0.0
 
     def _park(self, job: Job, source: str) -> None:
@@ -348,11 +336,8 @@ class Scheduler:
         self._spawn(job, None, self._send_parked(topic, value, job.request))
 
     async def _send_parked(self, topic: str, value: bytes, request: CrawlRequest) -> float:
-        """A park Kafka refuses (the message grew too large with its wait fields) ends the URL."""
         try:
-            if not await deliver(self._producer, topic, value, request.source, identifier=request.uuid):
-                error = crawl_error_message(request, Status.MESSAGE_REFUSED, None)
-                await deliver(self._producer, CRAWL_ERRORS_TOPIC, error, identifier=request.uuid)
+            await hand_on(self._producer, request, topic, value)
         finally:
             self._parking -= 1
         return 0.0
