@@ -6,6 +6,8 @@ import json
 import time
 from collections import Counter, deque
 
+import pytest
+
 from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD, HALTED, HALTED_URLS_TOPIC,
                               INBOUND_SOURCES,
                               REJECTED_TOPIC, adaptive_key,
@@ -13,7 +15,7 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD,
                               rate_limit_key)
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker.scheduling import scheduler as scheduler_module
-from worker.scheduling.slots import reserve
+from worker.scheduling.slots import need, reserve
 from worker.constants import (PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS,
                               QUEUE_UNRATED, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
 from worker.intake.feed import Record
@@ -100,6 +102,39 @@ def test_reservations_follow_need_and_leave_room_for_floors() -> None:
     # A source that needs no more than its floor runs on it: 3,000 sources at 0.5 req/s x 1 s
     # x 2 once reserved a slot each and left the fast source one slot of its 20 (issue 20).
     assert reserve({"fast": 20.0, **{f"s{i}": 1.0 for i in range(3000)}}, capacity=500, floor=1) == {"fast": 20}
+
+
+@pytest.mark.parametrize("pace, latency, held, slots", [
+    (100.0, 0.2, 1000, 40.0),  # rate x latency x headroom (2)
+    (0.5, 1.0, 10, 1.0),       # a slow site: its floor
+    (32.0, 1.0, 1, 1.0),       # a site with one URL here: one slot, whatever its rate
+    (32.0, 1.0, 0, 0.0),       # nothing here
+    (32.0, 0.2, 5, 5.0),       # fewer URLs here than its rate could keep busy
+    (32.0, 0.2, 500, 12.8),
+])
+def test_a_source_needs_its_rate_times_its_latency_but_no_more_slots_than_urls(
+        pace: float, latency: float, held: int, slots: float) -> None:
+    assert need(pace, latency, held, headroom=2.0) == pytest.approx(slots)
+
+
+async def test_a_big_source_gets_slots_among_many_one_url_sources_of_the_same_pace() -> None:
+    """Every site of a URL list may discover, so while they slow-start all are paced by the
+    discovery ceiling: sized by their rate alone, 300 one-URL sites needed 64 slots apiece, the
+    big source's reservation was scaled to 0 and it ran one task at a time."""
+    ones = {f"one{i}": 32.0 for i in range(300)}
+    feed = FakeFeed(records("big", 200) + [r for n, s in enumerate(ones) for r in records(s, 1, partition=1 + n)])
+    running, peak = Counter(), Counter()
+
+    async def handle(request: CrawlRequest) -> float:
+        running[request.source] += 1
+        peak[request.source] = max(peak[request.source], running[request.source])
+        await asyncio.sleep(0.2 if request.source == "big" else 2.0)
+        running[request.source] -= 1
+        return 0.2
+
+    scheduler = make(feed, await redis_with({"big": 32.0, **ones}), handle, max_tasks=100)
+    await run_until(scheduler, lambda: peak["big"] >= 10, timeout=5.0)
+    assert max(peak[s] for s in ones) == 1
 
 
 def test_commit_position_is_the_lowest_unfinished_offset() -> None:

@@ -2,10 +2,10 @@
 
 One consumer reads the ``urls`` topic, subscribed once: a new source costs no
 rebalance (issue 26). Messages wait in a per-source queue and start as tasks on
-the source's reserved slots (its need, rate x observed latency) or, one at a
-time, on the shared slots that are the floor of every source
-(``slots.reserve``), within MAX_TASKS. Sources are taken in rotation, so
-shared slots go round.
+the source's reserved slots (its need: rate x observed latency, at most the
+URLs it holds here) or, one at a time, on the shared slots that are the floor
+of every source (``slots.reserve``), within MAX_TASKS. Sources are taken in
+rotation, so shared slots go round.
 
 Many sources share a partition, so no source may hold it: a URL its source
 cannot take now is parked in Kafka and committed, never held here. A source
@@ -41,7 +41,7 @@ from common.redis_values import non_negative
 from common.protocols import AsyncRedis, MessageProducer
 from worker import metrics
 from worker.scheduling.slow_starts import Admission
-from worker.scheduling.slots import reserve
+from worker.scheduling.slots import need, reserve
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, DEFAULT_LATENCY, FAST_SOURCE_RATE, FORGET_ABOVE,
                               LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL,
                               FINISHED_FLUSH_INTERVAL, PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS,
@@ -358,7 +358,8 @@ class Scheduler:
         slow_demand = 0.0
         for source in set(self._pending) | set(self._inflight):  # one pass: 10,000 sources at 100,000
             pace = self._pace(source)
-            needs[source] = pace * self._latency.get(source, DEFAULT_LATENCY) * CONCURRENCY_HEADROOM
+            held = len(self._pending.get(source, ())) + self._inflight.get(source, 0)
+            needs[source] = need(pace, self._latency.get(source, DEFAULT_LATENCY), held, CONCURRENCY_HEADROOM)
             if pace >= FAST_SOURCE_RATE:
                 fast.add(source)
             else:

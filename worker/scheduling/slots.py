@@ -1,17 +1,25 @@
 """How many concurrent tasks each source gets: by need, not equal shares.
 
 A source needs about rate x latency tasks in flight to use its tokens (100
-req/s at 0.2 s a request keeps 20 busy; headroom covers token bursts). That
-many slots are *reserved* for it. Sources that need no more than the floor
-(a 0.5 req/s site) run on *shared* slots, one task each at most, taken in
-rotation, so no source starves however many there are. At least half the
-worker's capacity (or enough for every floor) stays shared, so one huge
-source cannot crowd out the rest either.
+req/s at 0.2 s a request keeps 20 busy; headroom covers token bursts), and
+no more than it has URLs here: a site with one URL left uses one slot,
+whatever its rate. That many slots are *reserved* for it. Sources that need
+no more than the floor (a 0.5 req/s site, a site with one URL here) run on
+*shared* slots, one task each at most, taken in rotation, so no source
+starves however many there are. At least half the worker's capacity (or
+enough for every floor) stays shared, so one huge source cannot crowd out
+the rest either.
 
 The reference gave every source an equal share instead: with many slow
 sources, a fast one got the same handful of slots as a 0.5 req/s one.
 """
 from __future__ import annotations
+
+
+def need(pace: float, latency: float, held: int, headroom: float) -> float:
+    """Slots a source can keep busy: ``pace`` (req/s) x ``latency`` (s a task) x ``headroom``, but
+    no more than the URLs it ``held`` here (queued and running)."""
+    return min(pace * latency * headroom, float(held))
 
 
 def reserve(needs: dict[str, float], capacity: int, floor: int) -> dict[str, int]:
