@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestServer
 from common.contracts import sent_log_key, source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetching.fetch import FetchError, Fetcher
+from worker.fetching import http_client
 from worker.fetching.http_client import HttpClient
 from worker.politeness.consent import ResponseConsent
 from worker.politeness.addresses import GuardedResolver
@@ -419,7 +420,7 @@ async def takes(tokens: TokenBuckets, count: int) -> list[bool]:
     results = []
     for _ in range(count):
         await asyncio.sleep(0.02)  # past the pace interval (rate 100/s)
-        results.append(await tokens.take(SOURCE))
+        results.append(await tokens.take(SOURCE) is not None)
     return results
 
 
@@ -436,6 +437,31 @@ async def test_a_token_answered_late_is_forfeited_and_not_counted(capsys) -> Non
     assert redis.integer(source_requests_key(SOURCE)) == 4
     reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     # Reported once a minute, not once a token.
+    assert [(r["event"], r["by_source"]) for r in reports] == [("worker_tokens_forfeited", {SOURCE: 1})]
+
+
+async def test_a_stall_between_the_token_and_the_write_forfeits_the_token(server, http, monkeypatch, capsys) -> None:
+    """A pause after the token's answer (a garbage collection, the kernel's scheduler) delays the
+    request as much as one before it: the request would reach the site bunched with the next
+    ones. Its deadline is judged just before the write: nothing is sent, the token is forfeited
+    (uncounted), and the request goes with the next token."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 10)
+    stalls = [STALE_TOKEN_SECONDS + 0.05]
+    real_head = http_client._request_head
+
+    def stalled_head(*args):
+        if stalls:
+            time.sleep(stalls.pop())  # blocks the loop, as a collection does
+        return real_head(*args)
+
+    monkeypatch.setattr(http_client, "_request_head", stalled_head)
+    fetched = await make_fetcher(http, redis).fetch(str(server.make_url("/image")), SOURCE)
+    assert (fetched.status, fetched.body.bytes()) == (200, BODY)
+    assert len(server.app[USER_AGENTS]) == 1  # the site saw the request once, sent on time
+    assert redis.integer(tokens_key(SOURCE)) <= 8  # two at least: a loaded machine may stall again
+    assert redis.integer(source_requests_key(SOURCE)) == 1
+    reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["event"], r["by_source"]) for r in reports] == [("worker_tokens_forfeited", {SOURCE: 1})]
 
 

@@ -33,7 +33,8 @@ from common.jsonlog import log_event
 from common.statuses import Status
 from worker import metrics
 from worker.constants import MAX_REDIRECTS, REDIRECT_STATUSES, TOTAL_TIMEOUT
-from worker.fetching.http_client import BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient, Ready
+from worker.fetching.http_client import (BadResponse, BodyTooLarge, ConnectFailed, Disconnected, HttpClient, Ready,
+                                         TooLate)
 from worker.politeness import Refused, RequestGate
 from worker.politeness.consent import Decision, ResponseConsent
 from worker.fetching.shared_memory import Body, SegmentPool, SegmentUnavailable
@@ -88,10 +89,15 @@ class Fetcher:
         try:
             for _hop in range(MAX_REDIRECTS + 1):
                 await self._gate.before_request(url, source)
-                hop_wait, slot, ready = await self._slot_and_token(url, source)
-                waited += hop_wait
-                async with slot:
-                    status, headers, body, ttfb = await self._request(url, source, ready)
+                while True:
+                    hop_wait, slot, ready = await self._slot_and_token(url, source)
+                    waited += hop_wait
+                    async with slot:
+                        try:
+                            status, headers, body, ttfb = await self._request(url, source, ready)
+                            break
+                        except TooLate as late:  # nothing sent: the token is forfeited, another taken
+                            await self._tokens.forfeit(source, late.late_by)
                 location = headers.get("Location") if status in REDIRECT_STATUSES else None
                 if not location:
                     return Fetched(url, status, headers, body, waited, ttfb)
@@ -139,11 +145,12 @@ class Fetcher:
                             ready = await self._client.connect(url)
                         except Exception as exc:  # noqa: BLE001 - raised below, once its token is spent
                             failed = exc
-                    if await self._tokens.take(source):
+                    send_by = await self._tokens.take(source)
+                    if send_by is not None:
                         if failed is not None:
                             raise failed
                         assert ready is not None
-                        return waited, slot, ready
+                        return waited, slot, ready._replace(send_by=send_by)
                 except BaseException:
                     if ready is not None:
                         ready.connection.close()

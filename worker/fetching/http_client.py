@@ -62,6 +62,14 @@ class BadResponse(Exception):
     """The server's answer breaks HTTP/1.1 in a way that makes its framing untrustworthy."""
 
 
+class TooLate(Exception):
+    """The request's token expired before it could be written (``Ready.send_by``): nothing was sent."""
+
+    def __init__(self, late_by: float):
+        super().__init__(f"{late_by * 1000:.1f} ms past its token's deadline")
+        self.late_by = late_by
+
+
 class Disconnected(Exception):
     """The connection ended before the response did."""
 
@@ -526,9 +534,11 @@ class Answer(NamedTuple):
 
 class Ready(NamedTuple):
     """A connection to write a request on at once, and whether it served one before (a
-    server may have closed it meanwhile: the request is then retried once on a new one)."""
+    server may have closed it meanwhile: the request is then retried once on a new one).
+    ``send_by``: the monotonic time past which the request must not be written (its token's)."""
     connection: _Connection
     reused: bool
+    send_by: float | None = None
 
 
 class HttpClient:
@@ -587,13 +597,18 @@ class HttpClient:
     @asynccontextmanager
     async def _exchange(self, origin: Origin, request: tuple[bytes, ...],
                         ready: Ready | None = None) -> AsyncIterator[Response]:
+        send_by = ready.send_by if ready is not None else None
         for attempt in (1, 2):
             if attempt == 1 and ready is not None:
-                connection, reused = ready
+                connection, reused = ready.connection, ready.reused
             else:
                 idle = self._idle_connection(origin) if attempt == 1 else None
                 reused = idle is not None
                 connection = idle if idle is not None else await self._connect(*origin)
+            # Judged with the head built, just before writing (a retry on a new connection too).
+            if send_by is not None and (late_by := time.monotonic() - send_by) > 0:
+                self._keep(origin, connection)  # unused: fit for the next request
+                raise TooLate(late_by)
             try:
                 connection.received_any = False
                 for part in request:

@@ -41,13 +41,16 @@ reading its clock and reaching Redis can send early.
 The fetcher takes the token last, with its connection open, and writes the
 request as soon as the answer is read; so a request's delay from Redis's
 decision to the site is at most its answer's round trip. A token whose
-answer came back more than ``STALE_TOKEN_SECONDS`` later than this worker's
-fastest answers is forfeited rather than spent (it stays in the send log):
-the worker (or Redis) was stalled, and a request sent that late would reach
-the site bunched with the next ones, sent on time by other workers. The
-baseline is a low quantile of the answer times, not their mean, as the
-bound is on the spread of the delays; a Redis that is always far away stops
-nothing. Forfeits are reported in ``worker_tokens_forfeited`` (at most once a
+request cannot be written within ``STALE_TOKEN_SECONDS`` of the time this
+worker's fastest answers take is forfeited rather than spent (it stays in the
+send log): the worker (or Redis) was stalled, and a request sent that late
+would reach the site bunched with the next ones, sent on time by other
+workers. ``take`` returns that deadline and the HTTP client checks it just
+before writing (``worker.fetching.http_client.TooLate``): a pause after the
+answer (a garbage collection, the kernel's scheduler) delays the request as
+much as one before it. The baseline is a low quantile of the answer times, not their
+mean, as the bound is on the spread of the delays; a Redis that is always far
+away stops nothing. Forfeits are reported in ``worker_tokens_forfeited`` (at most once a
 minute): many mean a worker short of CPU, whose sources get less than their rate.
 """
 from __future__ import annotations
@@ -165,7 +168,7 @@ class TokenBuckets:
         self._peeking: asyncio.Future | None = None  # the task running MGETs while any peek waits
         self._next_peek_read = 0.0  # monotonic time the next MGET may go
         self._forfeited: dict[str, int] = {}  # source -> tokens forfeited since the last report
-        self._slowest_answer = 0.0
+        self._latest = 0.0  # seconds past its deadline, the latest request forfeited since the last report
         self._forfeits_reported_at = float("-inf")
         self._marked: dict[str, float] = {}  # source -> when it was last scored as waiting (wall clock)
         self._used_at: dict[str, float] = {}  # source -> when a token was last asked for (monotonic)
@@ -285,8 +288,9 @@ class TokenBuckets:
             return rate
         return self._last_rate.get(source)
 
-    async def take(self, source: str) -> bool:
-        """Claim the source's send turn, spend one token and count the request: True if it may go now."""
+    async def take(self, source: str) -> float | None:
+        """Claim the source's send turn, spend one token and count the request: the monotonic time
+        by which the request must be written if it may go now (else ``forfeit`` it), or None."""
         rate = self._pacing_rate(source)
         if rate is None:
             # New to this worker, whose view of the rates is refreshed every few seconds: the
@@ -306,30 +310,38 @@ class TokenBuckets:
         self._used_at[source] = answered
         if left > 0:
             self._stocked.add(source)
-        granted = not paced and left >= 0
-        if granted and self._late(answered - asked, tolerated_lateness(rate)):
-            await self._redis.decr(source_requests_key(source))  # counted, but never sent
-            self._report_forfeit(source, answered - asked)
-            return False
-        return granted
+        if paced or left < 0:
+            return None
+        send_by = asked + self._allowed_delay(answered - asked, tolerated_lateness(rate))
+        if answered > send_by:
+            await self.forfeit(source, answered - send_by)
+            return None
+        return send_by
 
-    def _late(self, answer: float, tolerated: float) -> bool:
-        """Whether this answer took more than ``tolerated`` longer than the fastest answers do."""
+    async def forfeit(self, source: str, late_by: float) -> None:
+        """A token whose request could not be written by its deadline (``late_by`` seconds past it):
+        counted in num_requests by the script, uncounted here; it stays in the send log."""
+        await self._redis.decr(source_requests_key(source))
+        self._report_forfeit(source, late_by)
+
+    def _allowed_delay(self, answer: float, tolerated: float) -> float:
+        """Seconds after asking by which a token's request must be written: ``tolerated`` more
+        than the fastest answers take (tracked here with this ``answer``)."""
         fastest = answer if self._fastest_answer is None else self._fastest_answer
         # Down at once, up slowly: where answers settle when Redis really is further away now.
         self._fastest_answer = fastest + (answer - fastest) * (1.0 if answer < fastest else TOKEN_ANSWER_SMOOTHING)
-        return answer > fastest + tolerated
+        return fastest + tolerated
 
-    def _report_forfeit(self, source: str, answer_seconds: float) -> None:
+    def _report_forfeit(self, source: str, late_by: float) -> None:
         self._forfeited[source] = self._forfeited.get(source, 0) + 1
-        self._slowest_answer = max(self._slowest_answer, answer_seconds)
+        self._latest = max(self._latest, late_by)
         now = time.monotonic()
         if now - self._forfeits_reported_at >= FORFEIT_REPORT_SECONDS:
             log_event(EVENT_WORKER_TOKENS_FORFEITED, by_source=self._forfeited,
-                      slowest_answer_ms=round(self._slowest_answer * 1000),
+                      late_ms=round(self._latest * 1000, 1),
                       fastest_answer_ms=round((self._fastest_answer or 0.0) * 1000, 1),
-                      msg="tokens answered too late to send on time: this worker or its Redis stalled")
-            self._forfeited, self._slowest_answer, self._forfeits_reported_at = {}, 0.0, now
+                      msg="tokens whose requests could not be written on time: this worker or its Redis stalled")
+            self._forfeited, self._latest, self._forfeits_reported_at = {}, 0.0, now
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once when the worker stops (cheaper than wait_for on an event)."""
