@@ -1,7 +1,7 @@
 """Where URLs without an outcome are: a failing crawl test's report, read from the broker.
 
-For each identifier, the last record that carries it in ``urls``, the wait topics or
-``urls_halted``, and whether its group has committed past it (then the URL was
+For each identifier, the last record that carries it in ``inbound_images`` (a retry), ``urls``,
+the wait topics or ``urls_halted``, and whether its group has committed past it (then the URL was
 handed on or lost) or not (it still waits there). Reads with a group-less consumer,
 so it changes no commit.
 """
@@ -12,9 +12,11 @@ from collections import Counter
 
 from confluent_kafka import Consumer, TopicPartition
 
-from common.contracts import HALTED_GROUP, HALTED_URLS_TOPIC, URLS_TOPIC, WAIT_GROUP, WAIT_TOPICS, WORKER_GROUP
+from common.contracts import (HALTED_GROUP, HALTED_URLS_TOPIC, INBOUND_TOPIC, SPLITTER_GROUP, URLS_TOPIC, WAIT_GROUP,
+                              WAIT_TOPICS, WORKER_GROUP)
 
-GROUPS = {URLS_TOPIC: WORKER_GROUP, HALTED_URLS_TOPIC: HALTED_GROUP, **{t: WAIT_GROUP for t in WAIT_TOPICS}}
+GROUPS = {INBOUND_TOPIC: SPLITTER_GROUP, URLS_TOPIC: WORKER_GROUP, HALTED_URLS_TOPIC: HALTED_GROUP,
+          **{t: WAIT_GROUP for t in WAIT_TOPICS}}
 
 
 def _committed(hosts: str, group: str, parts: list[TopicPartition]) -> dict[tuple[str, int], int]:

@@ -28,6 +28,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS, kafka_server
 from test.conftest import BUCKET
+from test.kafka_locate import locate
 from test.promtool import check_metrics
 from demo.simweb import Planned, SimWeb, SiteSpec, image_size, spec_rate, standard_web
 
@@ -72,14 +73,16 @@ def outcome_report(outcomes: Outcomes, plan: list[Planned]) -> str:
 def missing_report(outcomes: Outcomes, plan: list[Planned], web: SimWeb, kafka_hosts: str) -> str:
     """Where the first few URLs without an outcome got to: what their sites logged, and whether a
     second reader of the outcome topics finds an outcome (the first reader missed it) or not
-    (no worker sent one); and any hole in the offsets the first reader got."""
+    (no worker sent one); any hole in the offsets the first reader got; and where the last
+    message of each is (``test.kafka_locate``: a retry, a queue, a wait topic)."""
     missing = [p for p in plan if p.uuid in outcomes.missing()][:5]
     with Outcomes(kafka_hosts, [p.uuid for p in missing]) as again:
         again.wait(20)
     lines = [f"{p.source} {p.path} {p.uuid}: site log "
              f"{[(round(r.time, 3), r.status) for r in web.sites[p.source.lower()].log if r.path == p.path]}, "
              f"a second reader finds {dict(again.kinds.get(p.uuid, {})) or 'no outcome'}" for p in missing]
-    return "\n".join([*lines, f"offset gaps seen by the first reader: {outcomes.gaps}"])
+    return "\n".join([*lines, f"offset gaps seen by the first reader: {outcomes.gaps}",
+                      f"where all {len(outcomes.missing())} are: {locate(kafka_hosts, outcomes.missing())}"])
 
 
 def assert_outcomes(outcomes: Outcomes, plan: list[Planned], web: SimWeb | None = None,
