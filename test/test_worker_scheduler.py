@@ -374,6 +374,35 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_parks_their
     assert all(abs(m["not_before"] - time.time() - PARK_DEFAULT_SECONDS) < 2 for m in parked)
 
 
+async def test_a_paused_source_with_no_work_here_takes_all_its_urls_back_once_the_pause_ends(monkeypatch) -> None:
+    """A Retry-After pause publishes rate 0 and the source's URLs are parked meanwhile, so it has
+    no work here. Its rate, read only for sources with work here, stayed 0 after the pause: the
+    URLs coming back were queued two at a time and the rest parked for PARK_DEFAULT_SECONDS
+    again, two a turn (a 40 req/s source ended 10 URLs short of a 280 s crawl, test_e2e_crawl)."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    redis = await redis_with({"a": 0.0})
+    feed, producer, done = FakeFeed(records("a", 1)), FakeProducer(), []
+
+    async def handle(request: CrawlRequest) -> float:
+        if not done:
+            await asyncio.sleep(0.5)  # in flight as the pause is read
+        done.append(request.uuid)
+        return 0.01
+
+    scheduler = make(feed, redis, handle, producer=producer)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(lambda: done and scheduler.rates.get("a") == 0.0 and not scheduler._total)  # paused, idle here
+        await redis.set(rate_limit_key("a"), 40.0)  # the pause ends while its URLs wait elsewhere
+        await asyncio.sleep(0.3)
+        feed.records.extend(records("a", 20, first_offset=1))  # back from their wait, all at once
+        await until(lambda: len(done) == 21)
+    finally:
+        scheduler.stop()
+        await runner
+    assert parked(producer) == []
+
+
 def test_unusable_rates_count_as_unknown() -> None:
     assert [scheduler_module._as_rate(raw) for raw in ("2.5", "0", "-1", "nan", "inf", "fast", None)] == [
         2.5, 0.0, None, None, None, None, None]

@@ -160,7 +160,9 @@ class Scheduler:
         self._last_refresh = now_mono
         self._next_refresh = now_mono + REFRESH_INTERVAL
         working = set(self._pending) | set(self._inflight)
-        names = sorted(working)
+        # A paused source (rate 0) may have no work here, its URLs all parked, but its rate decides
+        # how they are taken when they come back: read on, so that the pause's end is seen.
+        names = sorted(working | {source for source, rate in self.rates.items() if rate <= 0})
         now = self._clock()
         try:
             sets = await read_source_sets(self._redis, inbound=False)
