@@ -115,7 +115,8 @@ class KindSampler:
             for member in process_tree(self.pid):
                 with contextlib.suppress(OSError, IndexError):
                     self._last[member] = stat_cpu(Path(f"/proc/{member}/stat"))
-                    self._kinds.setdefault(member, process_kind(member))
+                    if self._kinds.get(member, "other") == "other":  # read again: it may not have exec'd yet
+                        self._kinds[member] = "command" if member == self.pid else process_kind(member)
 
     def split(self) -> dict[str, float]:
         self._stop.set()
