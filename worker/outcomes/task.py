@@ -16,7 +16,10 @@ failure, and waiting it out would hold the task (and its partition's commits)
 forever: S3 refusing the thumbnail's object, Kafka refusing one message (too
 large, invalid), Redis refusing a value. It ends the URL in ``crawl_errors``
 (``ThumbnailRefused``, ``MessageRefused``, ``RedisRefused``); only the last is
-in the breaker's windows (``common.statuses.NOT_IN_WINDOWS`` says why).
+in the breaker's windows (``common.statuses.NOT_IN_WINDOWS`` says why). So does
+an unexpected exception (a bug: ``task_crashed`` in the log), named by its class
+and kept out of the windows: left unfinished, the URL would have no outcome and
+hold its partition's commit until the worker restarts.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from redis.exceptions import RedisError
 
-from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_OUTCOME_UNWRITABLE
+from common.contracts import EVENT_DOWNSTREAM_REFUSED, EVENT_INFRA_RETRY, EVENT_OUTCOME_UNWRITABLE, EVENT_TASK_CRASHED
 from common.contracts import (CRAWL_ERRORS_TOPIC, INBOUND_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC,
                               OPTED_OUT_TOPIC, SIGNAL_ROBOTS, CrawlRequest, crawl_error_message, exif_message,
                               link_rot_message, opted_out_message, quality_message)
@@ -47,6 +50,7 @@ from worker.fetching.fetch import Fetched, FetchError, Fetcher
 from worker.imaging.analysis import Analysis
 from worker.imaging.thumbnails import ThumbnailRefused, ThumbnailStore
 from worker.fetching.shared_memory import Body, SegmentUnavailable
+from worker.fetching.tokens import ShuttingDown, SourceHalted
 from worker.politeness.consent import Decision
 from worker.politeness.retry_after import PAUSE_STATUSES
 from worker.politeness.robots import product_token
@@ -152,6 +156,12 @@ class ImageTask:
         except Refusal as refused:
             token_wait = 0.0
             await self._refused(request, refused)
+        except (ShuttingDown, SourceHalted):
+            raise  # nothing was sent: the scheduler parks the URL
+        except Exception as exc:  # noqa: BLE001 - a bug: the URL still ends, not held unfinished with its partition's commit
+            token_wait = 0.0
+            log_event(EVENT_TASK_CRASHED, identifier=request.uuid, source=request.source, error=repr(exc)[:500])
+            await self._fail(request, type(exc).__name__, None, windows=False)
         return time.monotonic() - started - token_wait - outage[0]
 
     async def _crawl(self, request: CrawlRequest) -> float:
