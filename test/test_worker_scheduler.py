@@ -507,6 +507,8 @@ async def parked_below_pace(source: str, pace: float, achieved: float, urls: int
     its URLs parked: the scheduler, and the not_before of each, in order."""
     producer = FakeProducer()
     scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
+    parked_at = time.time()
+    scheduler._clock = lambda: parked_at  # one instant: a pause between two parks (a loaded machine) would space them
     scheduler.rates[source] = pace
     scheduler._paced.add(source)
     scheduler._throughput[source] = achieved
