@@ -70,6 +70,7 @@ def simulated_worker() -> None:
     from worker.outcomes.stats import Stats
     from worker.outcomes.task import deliver
     from worker.fetching.tokens import TokenBuckets
+    from worker.monitor_view import MonitorView
     from worker.parking.hand_back_when_due import WaitLine
 
     settings = Settings.from_env()
@@ -80,8 +81,8 @@ def simulated_worker() -> None:
         producer = AsyncProducer(producer_config(settings.kafka_hosts))
         consumers = {group: AsyncConsumer(consumer_config(settings.kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
                      for group in (WORKER_GROUP, WAIT_GROUP, HALTED_GROUP)}
-        rates: dict[str, float] = {}
-        tokens = TokenBuckets(store, rate_of=rates.get)
+        view = MonitorView()
+        tokens = TokenBuckets(store, view)
         stats = Stats(store)
 
         async def crawl(request: CrawlRequest) -> float:
@@ -96,9 +97,9 @@ def simulated_worker() -> None:
             return 0.01
 
         scheduler = Scheduler(KafkaFeed(consumers[WORKER_GROUP], WORKER_GROUP), store, crawl, producer, tokens,
-                              rates, settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)
+                              view, settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)
         lines = [WaitLine(KafkaFeed(consumers[WAIT_GROUP], WAIT_GROUP), producer, store, settings.url_partitions),
-                 HaltedLine(KafkaFeed(consumers[HALTED_GROUP], HALTED_GROUP), producer, lambda: scheduler.halted,
+                 HaltedLine(KafkaFeed(consumers[HALTED_GROUP], HALTED_GROUP), producer, view,
                             settings.url_partitions)]
         loop = asyncio.get_running_loop()
         import signal

@@ -31,13 +31,14 @@ async def crawl(redis_url: str, processes: int, seconds: float, plan: dict[str, 
     from worker.fetching.http_client import HttpClient
     from worker.politeness.gate import build_gate
     from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
+    from worker.monitor_view import MonitorView
 
     settings = Settings(redis_url=redis_url, crawl_user_agent=TEST_USER_AGENT, crawl_allow_private_networks=True)
     redis = aioredis.from_url(redis_url, decode_responses=True)
     session = aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT})
     client = HttpClient(TEST_USER_AGENT)
-    rates: dict[str, float] = {}
-    tokens = TokenBuckets(redis, rate_of=rates.get)
+    view = MonitorView()
+    tokens = TokenBuckets(redis, view)
     fetcher = Fetcher(client, build_gate(settings, redis, session), tokens, 1 << 20)
     outcomes: dict[str, dict[str, int]] = {source: {} for source in plan}
     counter = iter(range(10**9))
@@ -46,7 +47,7 @@ async def crawl(redis_url: str, processes: int, seconds: float, plan: dict[str, 
     async def refresh_rates() -> None:
         while True:
             values = await redis.mget([rate_limit_key(s) for s in plan])
-            rates.update({s: float(v) for s, v in zip(plan, values, strict=True) if v and float(v) > 0})
+            view.decide(rates={s: float(v) for s, v in zip(plan, values, strict=True) if v and float(v) > 0})
             await asyncio.sleep(RATE_REFRESH)
 
     async def fetch_loop(source: str, base_url: str) -> None:

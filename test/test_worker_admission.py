@@ -10,6 +10,8 @@ from common.contracts import URLS_TOPIC, CrawlRequest
 from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until, until
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker.scheduling import scheduler as scheduler_module
+from worker.monitor_view import MonitorView
+from worker.scheduling import sizing
 from worker.scheduling.slow_starts import Admission
 from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_SHARE,
                               SLOW_STARTS_DECREASE, SLOW_STARTS_FLOOR)
@@ -114,9 +116,10 @@ async def test_a_fast_source_starts_beside_slow_ones_held_to_their_allowance(mon
         await asyncio.sleep(60)
         return 0.0
 
-    scheduler = make(feed, redis, handle, max_tasks=500)
-    scheduler._admission.limit = SLOW_STARTS_FLOOR  # short of CPU, as update() would find it
-    scheduler._admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
+    admission = Admission()
+    admission.limit = SLOW_STARTS_FLOOR  # short of CPU, as update() would find it
+    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
+    scheduler = make(feed, redis, handle, max_tasks=500, admission=admission)
     await run_until(scheduler, lambda: started.count("fast") >= 20, timeout=5)
     slow_started = len(started) - started.count("fast")
     assert slow_started <= 2 + 2 * SLOW_STARTS_FLOOR, slow_started  # before the limit, then its allowance
@@ -127,17 +130,19 @@ async def test_near_the_bound_the_partitions_feeding_a_fast_source_stay_open(mon
     slow = [r for n in range(90) for r in records(f"slow{n}", 1, partition=n % 3, first_offset=n)]
     feed = FakeFeed(records("fast", 1, partition=3) + slow, batch_size=10)
     redis = await redis_with({"fast": 100.0} | {f"slow{n}": 0.5 for n in range(90)})
-    scheduler = make(feed, redis, never_ends, max_tasks=5, max_queued=100)
+    view = MonitorView()
+    scheduler = make(feed, redis, never_ends, max_tasks=5, max_queued=100, view=view)
     runner = asyncio.create_task(scheduler.run())
     try:
-        await until(lambda: "fast" in scheduler._fast and scheduler._queued >= 75)
+        await until(lambda: view.rate("fast") == 100.0 and scheduler.load().waiting >= 75)
+        await asyncio.sleep(0.05)  # a round of the loop: it is known as fast
         assert not feed.paused  # no fast source's partition known yet: the bound alone pauses
         feed.records.extend(records("fast", 2, partition=3, first_offset=1))  # back from a wait, say
         await until(lambda: len(feed.paused) == 3)
         assert (URLS_TOPIC, 3) not in feed.paused  # the fast source's URLs still come in
         feed.records.extend(records("fast", 30, partition=3, first_offset=3))
         await until(lambda: len(feed.paused) == 4)  # at the bound itself: every partition
-        assert scheduler._queued + scheduler._parking >= 100
+        assert scheduler.held() >= 100
     finally:
         scheduler.stop()
         await runner
@@ -148,11 +153,10 @@ async def test_a_source_read_before_its_rate_waits_a_short_turn_not_a_paused_one
     parked later for 5 s behind them in their wait partition (bench.sources)."""
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 60)
     monkeypatch.setattr(scheduler_module, "NEW_SOURCE_REFRESH", 60)
-    monkeypatch.setattr(scheduler_module, "QUEUE_UNRATED", 10)
+    monkeypatch.setattr(sizing, "QUEUE_UNRATED", 10)
     feed = FakeFeed(records("new", 50), batch_size=50)
     producer = FakeProducer()
-    scheduler = make(feed, await redis_with({}), never_ends, producer=producer)
-    scheduler.rates["paused"] = 0.0
+    scheduler = make(feed, await redis_with({}), never_ends, producer=producer, view=MonitorView({"paused": 0.0}))
     started = time.time()
     await run_until(scheduler, lambda: len(parked(producer)) >= 40)
     waits = [m["not_before"] - started for m in parked(producer)]

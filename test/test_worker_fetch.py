@@ -24,6 +24,7 @@ from common.contracts import allowed_per_second
 from demo.simweb import busiest_second
 from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_PEEK_INTERVAL, TOKEN_TURN_RATE
 from worker.fetching.tokens import PACED_DECR, ShuttingDown, TokenBuckets
+from worker.monitor_view import MonitorView
 
 SOURCE = "example"
 BODY = b"\x89PNG" + b"x" * 1000
@@ -229,7 +230,7 @@ async def test_a_fast_source_waits_in_several_turns_a_slow_one_in_one() -> None:
     served 25-45 tokens a second, and a 100 req/s source got 30-53% of its limit beside 5,000
     slow ones (bench.sources). So a source has a turn per TOKEN_TURN_RATE req/s, handed in rotation."""
     rates = {"fast": 100.0, "slow": 0.5}
-    tokens = TokenBuckets(FakeRedis(), rate_of=rates.get)
+    tokens = TokenBuckets(FakeRedis(), MonitorView(rates))
     fast = {id(tokens.turn("fast")) for _ in range(20)}
     assert len(fast) == math.ceil(100.0 / TOKEN_TURN_RATE)
     assert len({id(tokens.turn("slow")) for _ in range(20)}) == 1
@@ -242,8 +243,8 @@ async def test_waiting_sources_peek_at_their_buckets_together() -> None:
     """Issue 20: a GET per waiting source per poll was 20,000 round trips a second at 5,000
     slow sources; their peeks share MGETs, one at a time, so the round trips do not grow with them."""
     redis = FakeRedis()
-    tokens = TokenBuckets(redis, rate_of=lambda source: 0.5)
     sources = [f"slow{n}" for n in range(2000)]
+    tokens = TokenBuckets(redis, MonitorView({source: 0.5 for source in sources}))
     started = time.monotonic()
     waiters = [asyncio.create_task(tokens.until_available(source)) for source in sources]
     await asyncio.sleep(0.6)
@@ -345,7 +346,7 @@ async def test_requests_to_a_source_are_spaced_across_workers() -> None:
     await redis.set(tokens_key(SOURCE), 1000)
     sends: list[float] = []
 
-    await asyncio.gather(*(send_for_a_second(TokenBuckets(redis, rate_of=lambda source: 10.0), sends)
+    await asyncio.gather(*(send_for_a_second(TokenBuckets(redis, MonitorView({SOURCE: 10.0})), sends)
                            for _ in range(2)))
     sends.sort()
     assert len(sends) >= 2 and busiest_second(sends)[0] <= allowed_per_second(10.0)
@@ -357,10 +358,10 @@ async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
     before the worker sees the rate again, requests must still be spaced (a 429 site saw 48/s at 40/s)."""
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 1000)
-    rates = {SOURCE: 10.0}
-    tokens = TokenBuckets(redis, rate_of=rates.get)
+    view = MonitorView({SOURCE: 10.0})
+    tokens = TokenBuckets(redis, view)
     assert await tokens.take(SOURCE)          # the worker has seen the rate once
-    rates[SOURCE] = 0.0                        # paused: the monitor says 0, the bucket refills
+    view.decide(rates={SOURCE: 0.0})                       # paused: the monitor says 0, the bucket refills
     sends: list[float] = []
     await send_for_a_second(tokens, sends)
     assert len(sends) >= 1 and busiest_second(sends)[0] <= allowed_per_second(10.0)
@@ -374,7 +375,7 @@ async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, uni
     await redis_client.set(tokens_key(source), 1000, ex=30)
     sends: list[float] = []
 
-    await asyncio.gather(*(send_for_a_second(TokenBuckets(redis_client, rate_of=lambda s: 10.0), sends, source)
+    await asyncio.gather(*(send_for_a_second(TokenBuckets(redis_client, MonitorView({source: 10.0})), sends, source)
                            for _ in range(2)))
     sends.sort()
     assert len(sends) >= 5 and busiest_second(sends)[0] <= allowed_per_second(10.0)
@@ -397,7 +398,7 @@ async def test_catch_up_never_puts_more_than_floor_rate_plus_one_in_a_second(red
                 sends.append(loop.time())
             await asyncio.sleep(0)
 
-    await asyncio.gather(*(greedy(TokenBuckets(redis_client, rate_of=lambda s: 100.5)) for _ in range(3)))
+    await asyncio.gather(*(greedy(TokenBuckets(redis_client, MonitorView({source: 100.5}))) for _ in range(3)))
     sends.sort()
     assert len(sends) >= 100
     assert busiest_second(sends)[0] <= allowed_per_second(100.5) == 101
@@ -431,7 +432,7 @@ async def test_a_token_answered_late_is_forfeited_and_not_counted(capsys) -> Non
     await redis.set(tokens_key(SOURCE), 10)
     stall = STALE_TOKEN_SECONDS + 0.05
     answering_after(redis, [0, 0, 0, stall, stall, 0])
-    tokens = TokenBuckets(redis, rate_of=lambda s: 100.0)
+    tokens = TokenBuckets(redis, MonitorView({SOURCE: 100.0}))
     assert await takes(tokens, 6) == [True, True, True, False, False, True]
     assert redis.integer(tokens_key(SOURCE)) == 4
     assert redis.integer(source_requests_key(SOURCE)) == 4
@@ -470,7 +471,7 @@ async def test_a_redis_that_always_answers_slowly_forfeits_nothing() -> None:
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     answering_after(redis, [STALE_TOKEN_SECONDS + 0.03] * 5)
-    assert await takes(TokenBuckets(redis, rate_of=lambda s: 100.0), 5) == [True] * 5
+    assert await takes(TokenBuckets(redis, MonitorView({SOURCE: 100.0})), 5) == [True] * 5
 
 
 async def test_a_name_that_resolves_to_a_private_address_at_connect_time_is_forbidden(server) -> None:

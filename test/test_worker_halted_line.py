@@ -9,6 +9,7 @@ import json
 from common.contracts import HALTED_URLS_TOPIC, REJECTED_TOPIC, URLS_TOPIC
 from test.worker_fakes import FakeProducer
 from worker.intake.feed import TP, Batch, Record
+from worker.monitor_view import MonitorView
 from worker.parking.hand_back_on_resume import HaltedLine, is_scan_marker, scan_marker
 
 PARTS = [(HALTED_URLS_TOPIC, 0), (HALTED_URLS_TOPIC, 1)]
@@ -99,8 +100,8 @@ async def test_a_resume_hands_back_that_source_and_keeps_the_others_waiting() ->
     for n in range(30):  # two halted sources interleaved over both partitions
         feed.append(PARTS[n % 2], url("a" if n % 3 else "b", n))
     feed.append(PARTS[0], b"not json")
-    halted = {"a", "b"}
-    line = HaltedLine(feed, producer, lambda: frozenset(halted))
+    view = MonitorView(halted={"a", "b"})
+    line = HaltedLine(feed, producer, view)
     running = asyncio.create_task(line.run())
     try:
         # The first scan (a new owner) finds nothing to hand back: everything is written again.
@@ -111,7 +112,7 @@ async def test_a_resume_hands_back_that_source_and_keeps_the_others_waiting() ->
         await asyncio.sleep(0.3)
         assert feed.read == read_after_scan  # between scans, nothing is read
 
-        halted.discard("b")  # ctl resume b
+        view.decide(halted={"a"})  # ctl resume b
         await until(lambda: len(producer.on(URLS_TOPIC)) == 10 and not line._scanning)
         assert sorted(m["uuid"] for m in producer.on(URLS_TOPIC)) == sorted(f"b-{n}" for n in range(0, 30, 3))
         assert {m["source"] for m in producer.urls_on(HALTED_URLS_TOPIC)} == {"a", "b"}  # b's from the first scan
@@ -129,7 +130,7 @@ async def test_what_arrives_during_a_scan_is_left_for_the_next_one() -> None:
     marker is passed over."""
     producer = LogProducer()
     feed = LogFeed(producer)
-    line = HaltedLine(feed, producer, lambda: frozenset())
+    line = HaltedLine(feed, producer, MonitorView())
     line._owned, line._scanning, line._marker = {PARTS[0]}, {PARTS[0]}, scan_marker()
     records = [url("a", 0), scan_marker(), url("a", 2), line._marker, url("late", 4)]
     await line._scan([Record(*PARTS[0], n, value) for n, value in enumerate(records)], frozenset())
@@ -146,7 +147,7 @@ async def test_a_scan_reads_to_its_marker_not_to_the_end_the_broker_reports() ->
     feed = LogFeed(producer)
     for n in range(20):
         feed.append(PARTS[0], url("b", n))
-    line = HaltedLine(feed, producer, lambda: frozenset())
+    line = HaltedLine(feed, producer, MonitorView())
     running = asyncio.create_task(line.run())
     try:
         await until(lambda: len(producer.on(URLS_TOPIC)) == 20)
@@ -162,12 +163,12 @@ async def test_a_url_parked_after_the_resume_by_a_worker_that_had_not_seen_it_go
     producer = LogProducer()
     feed = LogFeed(producer)
     feed.append(PARTS[0], url("b", 0))
-    halted = {"b"}
-    line = HaltedLine(feed, producer, lambda: frozenset(halted))
+    view = MonitorView(halted={"b"})
+    line = HaltedLine(feed, producer, view)
     running = asyncio.create_task(line.run())
     try:
         await until(lambda: line.parked_again == 1 and not line._scanning)
-        halted.discard("b")
+        view.decide(halted=())
         await until(lambda: len(producer.on(URLS_TOPIC)) == 1 and not line._scanning)
         await asyncio.sleep(0.3)  # the resume's scans have ended
         feed.append(PARTS[1], url("b", 1))  # parked by a worker that still saw b halted

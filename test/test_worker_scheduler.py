@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import Counter, deque
+from collections import Counter
 
 import pytest
 
@@ -16,11 +16,15 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD,
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker.scheduling import scheduler as scheduler_module
 from worker.scheduling.slots import need, reserve
-from worker.constants import (PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_SECONDS,
-                              QUEUE_UNRATED, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
+from worker.constants import (PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_MAX_PER_SOURCE,
+                              QUEUE_SECONDS, QUEUE_UNRATED, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
 from worker.intake.feed import Record
 from worker.intake.offsets import PartitionOffsets
-from worker.scheduling.scheduler import Job, Scheduler
+from worker.monitor_view import MonitorView
+from worker.parking.wait_topics import next_turn
+from worker.scheduling import sizing
+from worker.scheduling.lanes import Job, Lane
+from worker.scheduling.scheduler import Scheduler
 from worker.fetching.tokens import TokenBuckets
 
 
@@ -52,9 +56,10 @@ async def redis_with(sources: dict[str, float], judged: bool = True) -> FakeRedi
     return redis
 
 
-def make(feed, redis, handle, max_tasks=50, producer=None, max_queued=10_000) -> Scheduler:
-    return Scheduler(feed, redis, handle, producer or FakeProducer(), TokenBuckets(redis), {},
-                     max_tasks=max_tasks, shutdown_timeout=5.0, max_queued=max_queued)
+def make(feed, redis, handle, max_tasks=50, producer=None, max_queued=10_000, view=None, admission=None) -> Scheduler:
+    view = view or MonitorView()
+    return Scheduler(feed, redis, handle, producer or FakeProducer(), TokenBuckets(redis, view), view,
+                     max_tasks=max_tasks, shutdown_timeout=5.0, max_queued=max_queued, admission=admission)
 
 
 async def take_token(tokens: TokenBuckets, source: str) -> None:
@@ -222,20 +227,25 @@ async def test_a_slow_source_ahead_in_the_partition_holds_back_no_other_source(m
         crawled[request.source] += 1
         return 0.01
 
-    scheduler = make(feed, await redis_with({"slow": 1.0, "fast": 100.0}), handle, producer=producer)
-    scheduler.rates.update({"slow": 1.0, "fast": 100.0})  # as a refresh reads them
-    scheduler._paced.update({"slow", "fast"})  # and the monitor's state of them
+    view = MonitorView({"slow": 1.0, "fast": 100.0}, judged={"slow", "fast"})  # as a refresh reads them
+    scheduler = make(feed, await redis_with({"slow": 1.0, "fast": 100.0}), handle, producer=producer, view=view)
     started = time.time()
-    await run_until(scheduler, lambda: crawled["fast"] == 200 and len(
-        [m for topic in WAIT_TOPICS for m in producer.on(topic)]) >= 2000 - 10)
+    holding: list[int] = []  # URLs queued or running here, when the slow source's are parked
+
+    def parked_all() -> bool:
+        if crawled["fast"] == 200 and len([m for topic in WAIT_TOPICS for m in producer.on(topic)]) >= 2000 - 10:
+            load = scheduler.load()
+            holding.append(load.waiting + sum(load.in_flight.values()))
+        return bool(holding)
+
+    await run_until(scheduler, parked_all)
     parked = [m for topic in WAIT_TOPICS for m in producer.on(topic)]
     assert {m["source"] for m in parked} == {"slow"} and crawled["slow"] <= 5
     waits = sorted(m["not_before"] for m in parked)
     gaps = [round(b - a, 3) for a, b in zip(waits, waits[1:], strict=False)]
     assert all(0.99 <= gap <= 1.01 for gap in gaps), sorted(gaps)[:5] + sorted(gaps)[-5:]  # one a second
     assert waits[0] - started < QUEUE_SECONDS + 5 and not feed.pauses
-    unfinished = scheduler._offsets[URLS_0]._unfinished
-    assert len(unfinished) <= 10  # parked URLs are done here: only the slow queue holds the commit
+    assert holding[0] <= 10  # parked URLs are done here: only the slow queue holds the commit
 
 
 async def test_what_a_worker_holds_is_bounded_whatever_the_number_of_sources() -> None:
@@ -251,7 +261,8 @@ async def test_what_a_worker_holds_is_bounded_whatever_the_number_of_sources() -
     scheduler = make(feed, await redis_with({}), handle, max_tasks=10, max_queued=100)
     held: list[int] = []  # when every partition is paused (a stop parks what is queued)
     await run_until(scheduler, lambda: len(feed.paused) == 4
-                    and not held.append(scheduler._queued + scheduler._total) and not release.set())
+                    and not held.append(scheduler.held() + sum(scheduler.load().in_flight.values()))
+                    and not release.set())
     assert 100 <= held[-1] <= 100 + 50 + 10
     assert len(feed.records) >= 300 - 160
 
@@ -293,7 +304,8 @@ async def test_stop_finishes_requests_in_flight_and_parks_token_waiters(monkeypa
     feed = FakeFeed(records("a", 4))
     redis = await redis_with({"a": 50.0})  # paced 20 ms apart: both go at once
     await redis.set("currtokens:a", 2)  # two can go; two wait for tokens that never come
-    tokens = TokenBuckets(redis)
+    view = MonitorView()
+    tokens = TokenBuckets(redis, view)
     finished = []
 
     async def handle(request: CrawlRequest) -> float:
@@ -303,7 +315,7 @@ async def test_stop_finishes_requests_in_flight_and_parks_token_waiters(monkeypa
         return 0.3
 
     producer = FakeProducer()
-    scheduler = Scheduler(feed, redis, handle, producer, tokens, {}, max_tasks=10, shutdown_timeout=5.0)
+    scheduler = Scheduler(feed, redis, handle, producer, tokens, view, max_tasks=10, shutdown_timeout=5.0)
     runner = asyncio.create_task(scheduler.run())
     await asyncio.sleep(0.45)  # its rate is read 0.2 s after its first URL: two slots from then
     scheduler.stop()
@@ -325,7 +337,7 @@ async def test_stop_parks_the_queued_urls_and_commits_past_them() -> None:
         return 0.2
 
     scheduler = make(feed, await redis_with({"a": 5.0}), handle, max_tasks=2, producer=producer)
-    await run_until(scheduler, lambda: not feed.records and len(crawled) == 2 and scheduler._queued > 20)
+    await run_until(scheduler, lambda: not feed.records and len(crawled) == 2 and scheduler.load().waiting > 20)
     # The one running when it stopped finished; the rest were parked, and the commit passed them all.
     assert sorted(crawled + [m["uuid"] for m in parked(producer)]) == sorted(f"a-{i}" for i in range(30))
     assert len(crawled) == 3 and feed.committed()[URLS_0] == 30
@@ -335,7 +347,7 @@ async def test_stop_parks_the_queued_urls_and_commits_past_them() -> None:
 async def test_shutdown_timeout_bounds_the_drain(monkeypatch) -> None:
     feed = FakeFeed(records("a", 1))
     scheduler = Scheduler(feed, await redis_with({"a": 1.0}), never_ends, FakeProducer(),
-                          TokenBuckets(FakeRedis()), {}, max_tasks=10, shutdown_timeout=0.3)
+                          TokenBuckets(FakeRedis()), MonitorView(), max_tasks=10, shutdown_timeout=0.3)
     runner = asyncio.create_task(scheduler.run())
     await asyncio.sleep(0.2)
     scheduler.stop()
@@ -350,7 +362,8 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_parks_their
     producer = FakeProducer()
     redis = await redis_with({"a": 1.0})
     await redis.set("currtokens:a", 0)
-    tokens = TokenBuckets(redis)
+    view = MonitorView()
+    tokens = TokenBuckets(redis, view)
     done = []
 
     async def handle(request: CrawlRequest) -> float:
@@ -358,13 +371,17 @@ async def test_halting_a_source_frees_slots_of_its_token_waiters_and_parks_their
         done.append(request.uuid)
         return 0.01
 
-    scheduler = Scheduler(feed, redis, handle, producer, tokens, {}, max_tasks=10, shutdown_timeout=5.0)
+    scheduler = Scheduler(feed, redis, handle, producer, tokens, view, max_tasks=10, shutdown_timeout=5.0)
     runner = asyncio.create_task(scheduler.run())
+
+    def running() -> int:
+        return sum(scheduler.load().in_flight.values())
+
     async with asyncio.timeout(10):
-        while scheduler._total == 0:
+        while running() == 0:
             await asyncio.sleep(0.01)
         await redis.sadd(TEMP_HALTED, "a")
-        while scheduler._total or feed.committed().get(URLS_0) != 3:  # slots given back, URLs parked
+        while running() or feed.committed().get(URLS_0) != 3:  # slots given back, URLs parked
             await asyncio.sleep(0.01)
     scheduler.stop()
     await runner
@@ -389,10 +406,11 @@ async def test_a_paused_source_with_no_work_here_takes_all_its_urls_back_once_th
         done.append(request.uuid)
         return 0.01
 
-    scheduler = make(feed, redis, handle, producer=producer)
+    view = MonitorView()
+    scheduler = make(feed, redis, handle, producer=producer, view=view)
     runner = asyncio.create_task(scheduler.run())
     try:
-        await until(lambda: done and scheduler.rates.get("a") == 0.0 and not scheduler._total)  # paused, idle here
+        await until(lambda: done and view.rate("a") == 0.0 and not sum(scheduler.load().in_flight.values()))
         await redis.set(rate_limit_key("a"), 40.0)  # the pause ends while its URLs wait elsewhere
         await asyncio.sleep(0.3)
         feed.records.extend(records("a", 20, first_offset=1))  # back from their wait, all at once
@@ -403,9 +421,15 @@ async def test_a_paused_source_with_no_work_here_takes_all_its_urls_back_once_th
     assert parked(producer) == []
 
 
-def test_unusable_rates_count_as_unknown() -> None:
-    assert [scheduler_module._as_rate(raw) for raw in ("2.5", "0", "-1", "nan", "inf", "fast", None)] == [
-        2.5, 0.0, None, None, None, None, None]
+async def test_unusable_rates_count_as_unknown() -> None:
+    raws = ("2.5", "0", "-1", "nan", "inf", "fast", None)
+    redis = FakeRedis()
+    for n, raw in enumerate(raws):
+        if raw is not None:
+            await redis.set(rate_limit_key(f"s{n}"), raw)
+    view = MonitorView()
+    await view.refresh(redis, [f"s{n}" for n in range(len(raws))], [])
+    assert [view.rate(f"s{n}") for n in range(len(raws))] == [2.5, 0.0, None, None, None, None, None]
 
 
 async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch) -> None:
@@ -422,7 +446,7 @@ async def test_parked_urls_are_spaced_by_the_limit_not_a_slow_start(monkeypatch)
     waits = sorted(m["not_before"] for m in parked(producer))
     gaps = [round(b - a, 3) for a, b in zip(waits, waits[1:], strict=False)]
     assert gaps.count(0.05) >= len(gaps) - 1, sorted(gaps)[-5:]  # 1/20 s apart, not 1/2
-    assert scheduler._reserved.get("a", 0) >= 2  # slots by its limit too: the tokens keep the rate
+    assert scheduler.load().slots["reserved"] >= 2  # slots by its limit too: the tokens keep the rate
 
 
 async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_spaced(monkeypatch) -> None:
@@ -434,7 +458,8 @@ async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_
     feed = FakeFeed(records("new", QUEUE_UNRATED + 300), batch_size=100)
     redis = await redis_with({"new": 10.0}, judged=False)  # its first grant; no adaptive:new yet
     producer = FakeProducer()
-    scheduler = make(feed, redis, never_ends, producer=producer)
+    view = MonitorView()
+    scheduler = make(feed, redis, never_ends, producer=producer, view=view)
     started = time.time()
     runner = asyncio.create_task(scheduler.run())
     try:
@@ -443,7 +468,7 @@ async def test_a_source_the_monitor_has_not_judged_yet_is_parked_for_a_turn_not_
         first_parked = len(parked(producer))
         assert all(PARK_UNJUDGED_SECONDS <= w < PARK_UNJUDGED_SECONDS + 2 for w in waits), (min(waits), max(waits))
         redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "100.0", ADAPTIVE_SLOW_START_FIELD: "1"}
-        await until(lambda: "new" in scheduler._paced)  # a refresh reads it: its queue waits to be trimmed
+        await until(lambda: view.judged("new"))  # a refresh reads it: its queue waits to be trimmed
         feed.records.extend(records("new", 300, first_offset=QUEUE_UNRATED + 300))
         await until(lambda: len(parked(producer)) >= first_parked + 300)
     finally:
@@ -462,84 +487,120 @@ async def test_an_unjudged_sources_urls_wait_in_its_queue_not_parked_for_a_turn(
     feed = FakeFeed(records("new", 300), batch_size=100)
     redis = await redis_with({"new": 6.0}, judged=False)
     producer = FakeProducer()
-    scheduler = make(feed, redis, never_ends, producer=producer)
+    view = MonitorView()
+    scheduler = make(feed, redis, never_ends, producer=producer, view=view)
     runner = asyncio.create_task(scheduler.run())
     try:
-        await until(lambda: not feed.records and "new" in scheduler.rates)
+        await until(lambda: not feed.records and view.rate("new") is not None)
         await asyncio.sleep(0.3)  # refreshes, still unjudged
         assert not parked(producer)
         redis.store[adaptive_key("new")] = {ADAPTIVE_CEILING_FIELD: "6.0", ADAPTIVE_SLOW_START_FIELD: "0"}
         await until(lambda: len(parked(producer)) > 0)
         await asyncio.sleep(0.3)
-        assert len(scheduler._pending["new"]) <= scheduler._queue_limit("new") < len(parked(producer))
+        load = scheduler.load()
+        assert load.waiting <= sizing.queue_limit(True, 6.0, load.slots["reserved"]) < len(parked(producer))
     finally:
         scheduler.stop()
         await runner
 
 
-async def test_a_queue_holds_seconds_of_what_its_source_achieves_here_not_of_its_limit() -> None:
-    """A queue holds its partition's commit at its oldest URL: a 1,000 req/s source held to 70 req/s
-    by its site's connection cap queued 5,000 URLs, and a SIGKILL had 9,000 URLs crawled twice."""
-    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0))
-    scheduler.rates["capped"] = 1000.0
-    assert scheduler._queue_limit("capped") == QUEUE_UNRATED  # not judged by the monitor yet
-    scheduler._paced.add("capped")
-    assert scheduler._queue_limit("capped") == int(1000 * QUEUE_SECONDS)  # nothing measured yet
-    scheduler._throughput["capped"] = 70.0
-    assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)
-    # What a source achieved while its queue ran dry (its URLs parked for a turn) is what came,
-    # not what it can do: it does not size its queue.
-    scheduler._working_before = {"capped"}
-    scheduler._working_since["capped"] = float("-inf")  # past its first seconds here
-    scheduler._pending["capped"] = deque([Job(URLS_0, 0, None)])
-    scheduler._last_refresh = 1.0
-    scheduler._ended["capped"] = 10
-    scheduler._ran_dry.add("capped")
-    scheduler._measure_throughput(1.0)
-    assert scheduler._queue_limit("capped") == int(1000 * QUEUE_SECONDS)
-    scheduler._ended["capped"] = 70
-    scheduler._measure_throughput(1.0)
-    assert scheduler._queue_limit("capped") == int(2 * 70 * QUEUE_SECONDS)
+@pytest.mark.parametrize("known, drain, reserved, limit", [
+    (False, 1000.0, 0, QUEUE_UNRATED),             # its rate or the monitor's judgment not read yet
+    (True, 1000.0, 0, int(1000 * QUEUE_SECONDS)),  # nothing measured: seconds of its pace
+    (True, 140.0, 0, int(140 * QUEUE_SECONDS)),    # held to 70 req/s by its site: of twice that
+    (True, 0.5, 3, 6),                             # twice its slots, if more
+    (True, 0.1, 0, 2),                             # twice the floor at least
+    (True, 100_000.0, 0, QUEUE_MAX_PER_SOURCE),    # an operator's override queues no more
+])
+def test_a_queue_holds_seconds_of_what_its_source_drains_at_here(known, drain, reserved, limit) -> None:
+    """A queue holds its partition's commit at its oldest URL: seconds of what its source drains
+    at here, not of its limit."""
+    assert sizing.queue_limit(known, drain, reserved) == limit
 
 
-async def parked_below_pace(source: str, pace: float, achieved: float, urls: int) -> tuple[Scheduler, list[float]]:
-    """A judged source granted ``pace`` that achieved ``achieved`` req/s here, with ``urls`` of
-    its URLs parked: the scheduler, and the not_before of each, in order."""
-    producer = FakeProducer()
-    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0), producer=producer)
-    parked_at = time.time()
-    scheduler._clock = lambda: parked_at  # one instant: a pause between two parks (a loaded machine) would space them
-    scheduler.rates[source] = pace
-    scheduler._paced.add(source)
-    scheduler._throughput[source] = achieved
-    for n in range(urls):
-        request = CrawlRequest(f"http://{source}.example/{n}.jpg", f"{source}-{n}", source)
-        scheduler._offsets.setdefault(URLS_0, PartitionOffsets()).add(n)
-        scheduler._park(Job(URLS_0, n, request), source)
-    await asyncio.sleep(0.05)
-    return scheduler, sorted(m["not_before"] for m in producer.on(WAIT_TOPICS[0]))
+@pytest.mark.parametrize("pace, achieved, running, latency, drain", [
+    (1000.0, None, 0, 1.0, 1000.0),         # not measured here: its pace
+    (1000.0, 70.0, 0, 1.0, 140.0),          # held below it (a site's connection cap): twice what it achieves
+    (200.0, 3.0, 0, 1.0, 6.0),
+    (200.0, 3.0, 45, 3.5, 2 * 45 / 3.5),    # but not below twice what its running tasks sustain
+    (200.0, 3.0, 400, 3.5, 200.0),          # never above its pace
+    (20.0, 0.1, 0, 1.0, 1.0),               # nor below 1 req/s
+    (20.0, 19.0, 1, 1.0, 20.0),
+])
+def test_a_queue_drains_at_its_pace_or_twice_what_it_achieves_here(pace, achieved, running, latency, drain) -> None:
+    assert sizing.drain_rate(pace, achieved, running, latency) == pytest.approx(drain)
 
 
-async def test_parked_urls_are_spaced_by_what_their_source_drains_at_here() -> None:
-    """A source held below its pace (a site's connection cap) had parked URLs back faster than it
-    took them, parked again and again: after a SIGKILL 7,873 of 20,000 were crawled twice."""
-    _, waits = await parked_below_pace("capped", pace=1000.0, achieved=70.0, urls=3)
-    assert [round(b - a, 4) for a, b in zip(waits, waits[1:], strict=False)] == [round(1 / 140, 4)] * 2
+@pytest.mark.parametrize("rate, limit, pace", [
+    (2.0, 20.0, 20.0), (2.0, None, 2.0), (None, None, 0.0), (30.0, 20.0, 30.0)])
+def test_a_source_is_paced_by_its_grant_or_its_limit_while_it_slow_starts(rate, limit, pace) -> None:
+    assert sizing.pace(rate, limit) == pace
 
 
-async def test_what_a_source_achieved_places_its_urls_one_turn_ahead_at_most() -> None:
-    """Spaced by what a 100 req/s source achieved while 5,000 new sources took the CPU, its 9,000
-    URLs were placed 12 minutes ahead and came back at 12.5 req/s long after the load had gone
-    (bench.sources): beyond one turn they come back then, to be placed by what it achieves then."""
-    started = time.time()
-    scheduler, waits = await parked_below_pace("fast", pace=100.0, achieved=3.0, urls=400)  # drains at 6 req/s
-    assert len(waits) == 400 and max(waits) <= time.time() + PARK_TRUST_SECONDS
-    spaced = [w for w in waits if w < started + PARK_TRUST_SECONDS - 0.1]
-    assert len(spaced) == int(PARK_TRUST_SECONDS * 6) - 1  # 1/6 s apart for one turn, the rest at its end
-    # Idle here (nothing queued or running at a refresh), what it achieved is history: its pace counts again.
-    scheduler._last_refresh = 1.0
-    scheduler._measure_throughput(1.0)
-    assert scheduler._drain_rate("fast") == 100.0
+@pytest.mark.parametrize("previous, ended, running, ran_dry, measured", [
+    (None, 70, 10, False, 70.0),                                   # a first measure
+    (19.0, 3, 10, False, 19.0 + THROUGHPUT_SMOOTHING * (3 - 19)),  # smoothed
+    (70.0, 10, 10, True, None),   # its queue ran dry: what came, not what it can do
+    (19.0, 0, 0, False, 19.0),    # none of its URLs ran: held by this worker's slots, not its site
+    (19.0, 0, 1, False, 19.0 + THROUGHPUT_SMOOTHING * (0 - 19)),   # one ran, none ended: held by its site
+])
+def test_what_a_source_achieves_here(previous, ended, running, ran_dry, measured) -> None:
+    assert sizing.throughput(previous, ended, 1.0, running, ran_dry) == measured
+
+
+def test_a_sources_first_seconds_here_and_its_idle_time_do_not_size_its_queue() -> None:
+    """Measured over its first 0.2 s (its robots.txt, its first tokens), a 20 req/s source would
+    drain at 4; idle here, what it achieved is history."""
+    lane = Lane("new")
+    lane.queue.append(Job(URLS_0, 0, None))
+    lane.measure(0.2, now=100.0, counted=True)  # it has work here from now on
+    lane.ended = 1
+    lane.measure(0.2, now=100.2, counted=True)
+    assert lane.throughput is None  # its start is not what it can do
+    lane.ended = 19
+    lane.measure(1.0, now=100.0 + THROUGHPUT_WARMUP_SECONDS, counted=True)
+    assert lane.throughput == 19.0
+    lane.ran_dry = True
+    lane.measure(1.0, now=101.0 + THROUGHPUT_WARMUP_SECONDS, counted=True)
+    assert lane.throughput is None  # it ran out of URLs here
+    lane.ended = 19
+    lane.measure(1.0, now=102.0 + THROUGHPUT_WARMUP_SECONDS, counted=True)
+    assert lane.throughput == 19.0
+    lane.queue.clear()
+    lane.measure(1.0, now=103.0 + THROUGHPUT_WARMUP_SECONDS, counted=True)
+    assert lane.throughput is None and lane.working_since is None  # idle: history
+
+
+NOW = 1_000_000.0
+
+
+@pytest.mark.parametrize("rate, pace, queued, last_turn, known, judged, temp_halted, turn", [
+    (140.0, 1000.0, 0, 0.0, True, True, False, (NOW + 1 / 140, True)),      # 1/rate apart, by what it drains at
+    (140.0, 1000.0, 0, NOW + 1 / 140, True, True, False, (NOW + 2 / 140, True)),  # after its latest
+    (100.0, 100.0, 500, 0.0, True, True, False, (NOW + 5.0 + 0.01, True)),  # after what it has queued
+    (0.0, 0.0, 0, 0.0, True, True, False, (NOW + PARK_DEFAULT_SECONDS, False)),   # paused: rate 0
+    (10.0, 10.0, 0, 0.0, True, True, True, (NOW + PARK_DEFAULT_SECONDS, False)),  # temporarily halted
+    (10.0, 10.0, 0, 0.0, True, False, False, (NOW + PARK_UNJUDGED_SECONDS, False)),  # not judged yet
+    (0.0, 0.0, 0, 0.0, False, False, False, (NOW + PARK_UNJUDGED_SECONDS, False)),   # rate not read yet
+    (6.0, 100.0, 0, NOW + PARK_TRUST_SECONDS, True, True, False, (NOW + PARK_TRUST_SECONDS, False)),  # a turn ahead
+    (100.0, 100.0, 0, NOW + PARK_TRUST_SECONDS, True, True, False, (NOW + PARK_TRUST_SECONDS + 0.01, True)),
+])
+def test_a_parked_url_comes_back_at_its_turn(rate, pace, queued, last_turn, known, judged, temp_halted, turn) -> None:
+    not_before, latest = next_turn(NOW, rate, pace, queued, last_turn, rate_known=known, judged=judged,
+                                   temp_halted=temp_halted)
+    assert (not_before, latest) == (pytest.approx(turn[0]), turn[1])
+
+
+def test_what_a_source_achieved_places_its_urls_one_turn_ahead_at_most() -> None:
+    """A 100 req/s source that drains at 6 here: 1/6 s apart for one turn, the rest at its end, to
+    be placed by what it achieves then."""
+    last, waits = 0.0, []
+    for _ in range(400):
+        not_before, latest = next_turn(NOW, 6.0, 100.0, 0, last, rate_known=True, judged=True, temp_halted=False)
+        last = not_before if latest else last
+        waits.append(not_before)
+    assert max(waits) <= NOW + PARK_TRUST_SECONDS
+    assert len([w for w in waits if w < NOW + PARK_TRUST_SECONDS - 0.1]) == int(PARK_TRUST_SECONDS * 6) - 1
 
 
 async def test_a_revoked_partitions_crawls_stop_and_the_others_go_on() -> None:
@@ -562,58 +623,15 @@ async def test_a_revoked_partitions_crawls_stop_and_the_others_go_on() -> None:
     runner = asyncio.create_task(scheduler.run())
     try:
         await until(lambda: len(started) == 6)
-        await scheduler._rebalanced([], [URLS_0], {})
+        feed.revoke([URLS_0])
         await until(lambda: len(stopped) == 3)
         await asyncio.sleep(0.1)
         assert sorted(stopped) == ["a-0", "a-1", "a-2"]
-        assert scheduler._total == 3 and set(scheduler._inflight) == {"b"}
+        assert sum(scheduler.load().in_flight.values()) == 3  # b's
     finally:
         scheduler.stop()
         await runner
     assert URLS_0 not in feed.committed()  # nothing of the revoked partition committed after it
-
-
-async def test_a_sources_first_seconds_here_do_not_size_its_queue() -> None:
-    """Measured over its first 0.2 s (its robots.txt, its first tokens), a 20 req/s source drained
-    at 4: its queue was trimmed to that, the rest parked 1/4 s apart, and it ran at 4 req/s for
-    30 s (test_e2e_halted)."""
-    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0))
-    scheduler.rates["new"], scheduler._last_refresh = 20.0, 1.0
-    scheduler._paced.add("new")
-    scheduler._pending["new"] = deque([Job(URLS_0, 0, None)])
-    scheduler._measure_throughput(0.2, now=100.0)  # it has work here from now on
-    scheduler._ended["new"] = 1
-    scheduler._measure_throughput(0.2, now=100.2)
-    assert scheduler._drain_rate("new") == 20.0  # its start is not what it can do
-    scheduler._ended["new"] = 19
-    scheduler._measure_throughput(1.0, now=100.0 + THROUGHPUT_WARMUP_SECONDS)
-    assert scheduler._drain_rate("new") == 20.0  # twice the 19 it achieved, held to its pace
-    # None of its URLs ran: held by this worker's slots (others over their reservations), not by
-    # its site; measured, its URLs were parked 1 s apart (bench.peer_img2dataset).
-    scheduler._measure_throughput(1.0, now=101.0 + THROUGHPUT_WARMUP_SECONDS)
-    assert scheduler._drain_rate("new") == 20.0
-    scheduler._inflight["new"] = 1  # one ran, none ended: held by its site
-    scheduler._measure_throughput(1.0, now=102.0 + THROUGHPUT_WARMUP_SECONDS)
-    assert scheduler._drain_rate("new") == 2 * (19 + THROUGHPUT_SMOOTHING * (0 - 19))
-
-
-async def test_a_source_measured_with_few_slots_is_sized_by_what_its_running_tasks_sustain() -> None:
-    """Measured while the other sources held most of the slots, a 200 req/s source achieved 3 a
-    second; with its share of slots running it sustained 13, but its URLs were parked at 2 x 3 a
-    second, up to 13 s ahead, and the crawl's last seconds were that source alone
-    (bench.peer_img2dataset)."""
-    scheduler = make(FakeFeed([]), await redis_with({}), lambda r: asyncio.sleep(0, 0.0))
-    scheduler.rates["s"], scheduler._last_refresh = 200.0, 1.0
-    scheduler._paced.add("s")
-    scheduler._pending["s"] = deque([Job(URLS_0, 0, None)])
-    scheduler._measure_throughput(1.0, now=100.0)
-    scheduler._ended["s"] = 3
-    scheduler._measure_throughput(1.0, now=100.0 + THROUGHPUT_WARMUP_SECONDS)
-    assert scheduler._drain_rate("s") == 2 * 3.0  # nothing running: what it achieved
-    scheduler._inflight["s"], scheduler._latency["s"] = 45, 3.5
-    assert abs(scheduler._drain_rate("s") - 2 * 45 / 3.5) < 1e-9
-    scheduler._inflight["s"] = 400  # never above its pace
-    assert scheduler._drain_rate("s") == 200.0
 
 
 async def test_with_every_slot_taken_a_freed_slot_goes_to_the_reserved_sources_in_turn() -> None:
@@ -627,10 +645,14 @@ async def test_with_every_slot_taken_a_freed_slot_goes_to_the_reserved_sources_i
         return 0.0
 
     scheduler = make(FakeFeed([]), await redis_with({}), crawl, max_tasks=1)
+    lanes = scheduler._lanes
     for source in ("a", "b", "c"):
-        scheduler._pending[source] = deque(Job(URLS_0, n, CrawlRequest(f"http://{source}.example/{n}.jpg",
-                                                                       f"{source}-{n}", source)) for n in range(5))
-    scheduler._reserved = {"a": 1, "b": 1, "c": 1}  # more reserved than there are slots: none shared
+        lane = lanes.lane(source)
+        lane.queue.extend(Job(URLS_0, n, CrawlRequest(f"http://{source}.example/{n}.jpg", f"{source}-{n}", source))
+                          for n in range(5))
+        lanes.waiting[source] = lane
+        lane.reserved = 1  # more reserved than there are slots: none shared
+        lanes.reserved[source] = lane
     scheduler._dispatch()
     for _ in range(5):  # each crawl that ends frees the one slot
         await asyncio.sleep(0.01)
@@ -647,15 +669,17 @@ async def test_with_every_slot_taken_a_freed_slot_goes_to_the_reserved_sources_i
 async def test_a_crawl_revoked_before_its_first_step_gives_its_slot_back() -> None:
     """A task cancelled before it starts never enters its body: its slot comes back all the same."""
     scheduler = make(FakeFeed([]), await redis_with({}), never_ends, max_tasks=3)
-    scheduler._pending["a"] = deque(Job(URLS_0, n, CrawlRequest(f"http://a.example/{n}.jpg", f"a-{n}", "a"))
-                                    for n in range(3))
+    lane = scheduler._lanes.lane("a")
+    lane.queue.extend(Job(URLS_0, n, CrawlRequest(f"http://a.example/{n}.jpg", f"a-{n}", "a")) for n in range(3))
+    scheduler._lanes.waiting["a"] = lane
     scheduler._assigned.add(URLS_0)
-    scheduler._reserved = {"a": 3}
+    lane.reserved = 3
+    scheduler._lanes.reserved["a"] = lane
     scheduler._dispatch()
     assert scheduler._total == 3
     await scheduler._rebalanced([], [URLS_0], {})  # no await between: none has started
     await asyncio.sleep(0.01)
-    assert (scheduler._total, dict(scheduler._inflight), scheduler._tasks, scheduler._crawling) == (0, {}, set(), {})
+    assert (scheduler._total, scheduler._lanes.running, scheduler._tasks, scheduler._crawling) == (0, {}, set(), {})
 
 
 async def test_a_new_owner_skips_what_the_last_one_finished_above_its_commit() -> None:

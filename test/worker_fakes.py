@@ -265,13 +265,19 @@ class FakeFeed:
         self.pauses = 0  # pause calls that paused anything
         self.commits: list[dict[tuple[str, int], int]] = []
         self.subscriptions: list[list[str]] = []
+        self.revoking: list[tuple[str, int]] = []
 
     async def subscribe(self, topics: list[str]) -> None:
         self.subscriptions.append(topics)
 
+    def revoke(self, parts: list[tuple[str, int]]) -> None:
+        """Revoke ``parts`` at the next poll, as a rebalance would."""
+        self.revoking += parts
+
     async def poll(self, max_records: int, timeout: float) -> Batch:
         await asyncio.sleep(0.005)
         batch = Batch()
+        batch.revoked, self.revoking = self.revoking, []
         if not self.assigned_once and self.subscriptions:
             batch.assigned = sorted({(r.topic, r.partition) for r in self.records})
             self.assigned_once = True

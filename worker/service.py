@@ -35,6 +35,7 @@ from worker.outcomes.stats import Stats
 from worker.outcomes.task import ImageTask, persist
 from worker.imaging.thumbnails import thumbnail_store
 from worker.fetching.tokens import TokenBuckets
+from worker.monitor_view import MonitorView
 
 
 async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, joining: Joining) -> None:
@@ -60,19 +61,19 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
                         resolver=None if settings.crawl_allow_private_networks else GuardedResolver())
     try:
         async with thumbnail_store(settings) as thumbnails:
-            rates: dict[str, float] = {}
-            tokens = TokenBuckets(redis, rate_of=rates.get)
+            view = MonitorView()  # what the monitor decided: the scheduler refreshes it, all three read it
+            tokens = TokenBuckets(redis, view)
             fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes,
                               body_budget=settings.body_budget_bytes, consent=response_consent(settings))
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
-            scheduler = Scheduler(feed, redis, task.process, producer, tokens, rates,
+            scheduler = Scheduler(feed, redis, task.process, producer, tokens, view,
                                   settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)
             # Every topic this worker reads, so that a worker started before the monitor subscribes
             # to topics that exist (librdkafka would look for a missing one again only minutes later).
             await persist("kafka_create_topics", lambda: asyncio.to_thread(ensure_worker_topics, settings))
             lines: list[WaitLine | HaltedLine] = [
                 WaitLine(KafkaFeed(wait_consumer, WAIT_GROUP), producer, redis, settings.url_partitions),
-                HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, lambda: scheduler.halted,
+                HaltedLine(KafkaFeed(halted_consumer, HALTED_GROUP), producer, view,
                            settings.url_partitions)]
             loop = asyncio.get_running_loop()
             overdue: list[threading.Timer] = []

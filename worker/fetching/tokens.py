@@ -59,7 +59,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from common.contracts import EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import (WAITING_SOURCES, allowed_per_second, rate_limit_key, send_pace_key, sent_log_key,
@@ -71,6 +71,7 @@ from worker.constants import (ACTIVE_HEARTBEAT_SECONDS, ARRIVAL_JITTER_SECONDS, 
                               PACE_CATCH_UP_SECONDS, SEND_LOG_MAX, TOKENS_FORGET_SECONDS,
                               SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS, TOKEN_ANSWER_SMOOTHING,
                               TOKEN_PEEK_INTERVAL, TOKEN_POLL_MAX, TOKEN_POLL_MIN, TOKEN_TURN_RATE)
+from worker.monitor_view import MonitorView
 
 
 class ShuttingDown(Exception):
@@ -151,16 +152,17 @@ def tolerated_lateness(rate: float | None) -> float:
 
 
 class TokenBuckets:
-    def __init__(self, redis: AsyncRedis, rate_of: Callable[[str], float | None] = lambda source: None):
+    def __init__(self, redis: AsyncRedis, view: MonitorView | None = None):
+        """``view``: the monitor's decisions, for the rates polls are paced by and the halts that
+        end a wait (none known: the bucket alone decides)."""
         self._redis = redis
         self._paced_decr = redis.register_script(PACED_DECR)
-        self._rate_of = rate_of
+        self._view = view or MonitorView()
         self._last_rate: dict[str, float] = {}
         self._turns: dict[str, list[asyncio.Lock]] = {}  # source -> its turns
         self._next_turn: dict[str, int] = {}  # source -> the turn handed out last
         self._closed = False
         self._sleepers: set[asyncio.Future] = set()
-        self._halted: set[str] = set()
         self._next_send: dict[str, float] = {}  # source -> monotonic time its next token may be spent
         self._stocked: set[str] = set()  # sources whose last DECR left tokens: no need to peek
         self._fastest_answer: float | None = None  # a low quantile of the script's answer time, s
@@ -188,7 +190,7 @@ class TokenBuckets:
 
     def _forget_idle(self) -> None:
         """Drop what is kept for sources no task has waited for lately: a worker crawling
-        100,000 sites a day must not keep a lock, a pace and a rate for each (issue 26). A
+        100,000 sites a day must not keep a lock, a pace and a rate for each. A
         forgotten source starts afresh: its rate is read again at its next token, and its pace
         and send log are in Redis."""
         now = time.monotonic()
@@ -211,7 +213,7 @@ class TokenBuckets:
         while True:
             if self._closed:
                 raise ShuttingDown(source)
-            if source in self._halted:
+            if source in self._view.stopped:
                 raise SourceHalted(source)
             if source in self._stocked or _count(await self._peek(source)) > 0:
                 self._stocked.discard(source)
@@ -221,8 +223,8 @@ class TokenBuckets:
     def _peek(self, source: str) -> asyncio.Future:
         """The bucket's value, read together with every other source's waiting this moment.
 
-        One GET per waiting source per poll was 20,000 round trips a second at 5,000
-        slow sources (issue 20). Instead one MGET is in flight at a time, and it reads
+        Not one GET per waiting source per poll, which grows with the sources waiting
+        (docs/decisions.md, "Thousands of sources"): one MGET is in flight at a time, and it reads
         every bucket asked for meanwhile, at most one read per TOKEN_PEEK_INTERVAL: round
         trips per second stay bounded whatever the number of sources, and a lone waiter
         is not delayed.
@@ -264,7 +266,7 @@ class TokenBuckets:
     async def _mark_waiting(self, sources: Iterable[str]) -> None:
         """Score the sources whose tasks wait for tokens in ``waiting_sources``, at most every
         ACTIVE_HEARTBEAT_SECONDS each: the monitor grants tokens only to the sources active
-        lately (issue 26), and a new source has no outcome yet, a slow or paused one none for
+        lately, and a new source has no outcome yet, a slow or paused one none for
         a long while."""
         now = time.time()
         due = {source: now for source in sources if self._marked.get(source, 0.0) <= now - ACTIVE_HEARTBEAT_SECONDS}
@@ -282,7 +284,7 @@ class TokenBuckets:
         """The rate to space requests by. While a source is paused or halted the monitor
         publishes 0; when the pause ends the bucket refills before this worker's view of
         the rate does, so pacing keeps the last positive rate instead of switching off."""
-        rate = self._rate_of(source)
+        rate = self._view.rate(source)
         if rate:
             self._last_rate[source] = rate
             return rate
@@ -295,7 +297,7 @@ class TokenBuckets:
         if rate is None:
             # New to this worker, whose view of the rates is refreshed every few seconds: the
             # monitor publishes the rate with the first tokens, so read it rather than send
-            # unpaced (a source is granted tokens once a worker waits for them: issue 26).
+            # unpaced (a source is granted tokens once a worker waits for them).
             rate = non_negative(await self._redis.get(rate_limit_key(source))) or None
             if rate is not None:
                 self._last_rate[source] = rate
@@ -357,13 +359,9 @@ class TokenBuckets:
             self._sleepers.discard(wake)
 
     def _poll_interval(self, source: str) -> float:
-        rate = self._rate_of(source) or 0.0
+        rate = self._view.rate(source) or 0.0
         interval = TOKEN_POLL_MAX if rate <= 0 else min(TOKEN_POLL_MAX, max(TOKEN_POLL_MIN, 0.2 / rate))
         return interval * random.uniform(0.8, 1.2)  # workers sharing a source spread their polls
-
-    def halt(self, sources: set[str]) -> None:
-        """The sources whose waiting tasks should give up (``halted`` and ``temp_halted``)."""
-        self._halted = sources
 
     def close(self) -> None:
         """Stop handing out tokens: waiting tasks get ShuttingDown at once."""

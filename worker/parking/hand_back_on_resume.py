@@ -29,6 +29,7 @@ from worker.constants import (HALTED_RESCAN_SECONDS, HALTED_RESUME_GRACE_SECONDS
                               POLL_BATCH, WAIT_POLL_SECONDS)
 from worker.intake.feed import TP, Feed, Record
 from worker.outcomes.task import deliver
+from worker.monitor_view import MonitorView
 from worker.parking.hand_over import hand_on, parse_or_reject
 from worker.parking.wait_topics import hand_back
 
@@ -50,12 +51,12 @@ def is_scan_marker(value: bytes | None) -> bool:
 
 
 class HaltedLine:
-    def __init__(self, feed: HaltedFeed, producer: MessageProducer, halted: Callable[[], frozenset[str]],
+    def __init__(self, feed: HaltedFeed, producer: MessageProducer, view: MonitorView,
                  url_partitions: int = 1, clock: Callable[[], float] = time.monotonic):
-        """``halted``: the sources in ``halted`` now, as the scheduler last read them."""
+        """``view``: the monitor's decisions, as the scheduler last read them: which sources are halted."""
         self._feed = feed
         self._producer = producer
-        self._halted = halted
+        self._view = view
         self._url_partitions = url_partitions
         self._clock = clock
         self._owned: set[TP] = set()
@@ -83,7 +84,7 @@ class HaltedLine:
                 self._owned.update(batch.assigned)
                 await self._feed.pause(batch.assigned)  # read only within a scan
                 self._next_scan = 0.0  # a new owner does not know what waits there
-            halted = self._halted()
+            halted = self._view.halted
             if self._seen_halted - halted:  # a source resumed
                 self._next_scan = 0.0
                 self._resumed_at = self._clock()

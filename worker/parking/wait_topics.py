@@ -23,7 +23,28 @@ import json
 from typing import Any
 
 from common.contracts import WAIT_TOPICS, CrawlRequest
-from worker.constants import WAIT_TIER_SECONDS
+from worker.constants import PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, WAIT_TIER_SECONDS
+
+
+def next_turn(now: float, rate: float, pace: float, queued: int, last_turn: float, *, rate_known: bool,
+              judged: bool, temp_halted: bool) -> tuple[float, bool]:
+    """When a URL its source cannot take now comes back (wall clock), and whether that is the
+    source's latest turn, after which the next URL it parks is placed.
+
+    ``rate``: what its queue drains at (its pace while it slow-starts). A paused (rate 0) or
+    temporarily halted source's URL waits PARK_DEFAULT_SECONDS; one of a source the monitor has
+    not judged yet PARK_UNJUDGED_SECONDS, and is placed by its pace then. Otherwise URLs are
+    spaced 1/rate apart from the end of its ``queued`` ones, and a source held below its
+    ``pace`` is placed no further than PARK_TRUST_SECONDS ahead: what it achieved in the last
+    seconds says little about minutes ahead."""
+    if temp_halted or (rate <= 0 and rate_known):
+        return now + PARK_DEFAULT_SECONDS, False
+    if rate <= 0 or not judged:
+        return now + PARK_UNJUDGED_SECONDS, False
+    not_before = max(last_turn, now + queued / rate) + 1.0 / rate
+    if rate < pace and not_before > now + PARK_TRUST_SECONDS:
+        return now + PARK_TRUST_SECONDS, False
+    return not_before, True
 
 
 def wait_message(request: CrawlRequest, not_before: float, now: float,

@@ -1,0 +1,106 @@
+"""One lane per source a worker knows: its queue, its tasks and what was learned of it here.
+
+The scheduler holds its sources only through ``Lanes``: every fact of a source is a field of
+its ``Lane``, and the indexes (the rotation of the sources with URLs queued, those with tasks
+running, those with slots reserved, the fast ones) hold lanes, not facts of their own.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from common.contracts import CrawlRequest
+from worker.constants import DEFAULT_LATENCY, THROUGHPUT_WARMUP_SECONDS
+from worker.intake.feed import TP
+from worker.scheduling.sizing import throughput
+
+
+@dataclass(frozen=True)
+class Job:
+    tp: TP
+    offset: int
+    request: CrawlRequest | None  # None: a message to reject
+
+
+@dataclass(eq=False, slots=True)
+class Lane:
+    source: str
+    queue: deque[Job] = field(default_factory=deque)  # URLs waiting here for a slot, oldest first
+    running: int = 0                # tasks running now
+    reserved: int = 0               # slots reserved for it at the last reallocation (its need)
+    fast: bool = False              # paced at FAST_SOURCE_RATE or more, with work here
+    fed_from: set[TP] = field(default_factory=set)  # partitions its URLs came from, while fast
+    latency: float = DEFAULT_LATENCY  # seconds a task takes, smoothed
+    throughput: float | None = None   # URLs ended here a second, smoothed; None: not measured
+    ended: int = 0                  # URLs ended here since the last measure
+    working_since: float | None = None  # when it last began to have work here (monotonic)
+    worked_before: bool = False     # it had work at the last measure
+    ran_dry: bool = False           # its queue emptied since the last measure
+    new: bool = False               # queued here since the last refresh: its limit is read
+    parked_lately: bool = False     # parked since the last refresh: its limit is read
+    last_turn: float = 0.0          # when its latest parked URL may go (wall clock)
+
+    @property
+    def working(self) -> bool:
+        return bool(self.queue) or self.running > 0
+
+    def measure(self, elapsed: float, now: float, counted: bool) -> None:
+        """At a refresh, ``elapsed`` s after the last (``counted``: a last one to measure from):
+        its URLs ended here a second (``sizing.throughput``), if it had work through the whole
+        interval and is past its first THROUGHPUT_WARMUP_SECONDS here (its robots.txt, its first
+        tokens); idle here, what it achieved is history."""
+        ended, self.ended = self.ended, 0
+        working = self.working
+        measured, self.worked_before = self.worked_before and working, working
+        if not working:
+            self.working_since, self.throughput = None, None
+        elif self.working_since is None:
+            self.working_since = now
+        if not counted:
+            return
+        dry, self.ran_dry = self.ran_dry, False
+        if measured and self.working_since is not None and now - self.working_since >= THROUGHPUT_WARMUP_SECONDS:
+            self.throughput = throughput(self.throughput, ended, elapsed, self.running, dry)
+
+    def forget(self) -> None:
+        """Back to what a new source's lane knows, but for the turn of its latest parked URL."""
+        self.fast, self.fed_from, self.latency, self.throughput = False, set(), DEFAULT_LATENCY, None
+
+
+class Lanes:
+    def __init__(self) -> None:
+        self._all: dict[str, Lane] = {}
+        self.waiting: dict[str, Lane] = {}   # lanes with URLs queued; insertion order is the rotation
+        self.running: dict[str, Lane] = {}   # lanes with a task running
+        self.reserved: dict[str, Lane] = {}  # lanes with slots reserved
+        self.fast: dict[str, Lane] = {}      # fast lanes with work here
+
+    def __iter__(self) -> Iterator[Lane]:
+        return iter(list(self._all.values()))
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def get(self, source: str) -> Lane | None:
+        return self._all.get(source)
+
+    def lane(self, source: str) -> Lane:
+        lane = self._all.get(source)
+        if lane is None:
+            lane = self._all[source] = Lane(source)
+        return lane
+
+    def working(self) -> dict[str, Lane]:
+        """The lanes with URLs queued or tasks running."""
+        return self.waiting | self.running
+
+    def forget_idle(self, now: float) -> None:
+        """Idle lanes forget what was learned of their sources; those with no parked URL to
+        place after (its turn past) go."""
+        for source, lane in list(self._all.items()):
+            if not lane.working:
+                if lane.last_turn > now:
+                    lane.forget()
+                else:
+                    del self._all[source]
