@@ -86,15 +86,17 @@ def tar_images(out: Path) -> int:
 
 
 def process_kind(pid: int) -> str:
-    """What a process of a command is, from its command line."""
+    """What a process of a command is, from its command line (the list reader's forkserver
+    and its children are the command's; other spawned processes are a worker's image pool)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "gone"
     line = b" ".join(argv)
-    for marker, kind in ((b"multiprocessing", "image pool"), (b"-m worker", "workers"), (b"tansu", "tansu"),
-                         (b"valkey", "valkey"), (b"redis", "valkey"), (b"crawl_monitor", "monitor"),
-                         (b"weed", "seaweedfs"), (b"url_lists", "command"), (b"img2dataset", "command")):
+    for marker, kind in ((b"forkserver", "command"), (b"multiprocessing", "image pool"), (b"-m worker", "workers"),
+                         (b"tansu", "tansu"), (b"valkey", "valkey"), (b"redis", "valkey"),
+                         (b"crawl_monitor", "monitor"), (b"weed", "seaweedfs"), (b"url_lists", "command"),
+                         (b"img2dataset", "command")):
         if marker in line:
             return kind
     return "other"
