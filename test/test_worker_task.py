@@ -359,6 +359,21 @@ async def test_each_answer_leaves_its_time_to_first_byte_for_the_back_off(result
     assert response_times(run) == expected
 
 
+@pytest.mark.parametrize("body", [image_bytes("JPEG"), b"not an image"], ids=["image", "undecodable"])
+async def test_an_answer_is_timed_for_the_back_off_before_the_image_pool_has_its_body(body: bytes) -> None:
+    """The pool's queue is the worker's, not the site's: the back-off reads the answer's time as
+    it came, and once."""
+    seen: dict[str, int] = {}
+
+    async def analyze(body: Body, target: int):
+        seen.update(response_times(run))
+        return await inline_analyze(body, target)
+    fetched = ok(body)
+    run = Run(Fetched(fetched.url, 200, fetched.headers, fetched.body, 0.0, ttfb=0.25), analyze=analyze)
+    await run()
+    assert seen == response_times(run) == {str(bin_of(0.25)): 1}
+
+
 # --- A downstream refusing this one URL's output (issue 29) ---------------------------------
 class RefusingThumbnails(FakeThumbnails):
     """The store refuses the first ``refuse`` uploads with ``error``."""

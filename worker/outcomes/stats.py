@@ -10,7 +10,9 @@ at 200 requests a second must not keep a member per request (``status12hr`` alon
 
 Response times (``response_ms:{source}:{bucket}``, ``common.response_times``) are counts
 in latency bins per two-second bucket, for the monitor's adaptive back-off: a key per
-bucket, its expiry set by the first outcome of the bucket this worker records.
+bucket, its expiry set by the first outcome of the bucket this worker records. A body
+the image pool analyses has its time counted as it comes (``answered``), not with the
+outcome: the back-off judges the site, and the pool's queue is not the site's.
 
 Every outcome also scores its source in ``active_sources`` with its time: the monitor
 re-reads only the sources recent there, so its work follows the sources being crawled.
@@ -129,6 +131,18 @@ class Stats:
         self._next_forget = now + STATS_FORGET_SECONDS
         self._next_trim = {s: at for s, at in self._next_trim.items() if at > now - STATS_FORGET_SECONDS}
         self._expiring = {s: start for s, start in self._expiring.items() if start > now - STATS_FORGET_SECONDS}
+
+    async def answered(self, source: str, ttfb: float) -> None:
+        """Count a response's time to first byte in the bucket it came in; its outcome is recorded
+        later with ``ttfb=None``."""
+        bucket = bucket_start(time.time())
+        key = response_times_key(source, bucket)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hincrby(key, str(bin_of(ttfb)), 1)
+        if self._expiring.get(source) != bucket:
+            self._expiring[source] = bucket
+            pipe.expire(key, RESPONSE_BUCKET_TTL_SECONDS)
+        await pipe.execute()
 
     async def record(self, source: str, status: str, success: bool, windows: bool = True,
                      ttfb: float | None = None, *, terminal: bool, retried: bool = False,

@@ -218,12 +218,14 @@ class ImageTask:
         elif not 200 <= status < 300:
             await self._fail(request, str(status), status, ttfb=ttfb)
         else:
+            # The site's answer time, counted before the image pool's queue (the back-off's evidence).
+            await persist("redis_stats", lambda: self._stats.answered(request.source, ttfb))
             try:
                 analysis = await self._analyze(fetched.body, self._target)
             finally:
                 fetched.body.release()  # not held while the outcome is published (only 2xx have one)
             if analysis.error:
-                await self._fail(request, analysis.error, status, ttfb=ttfb)
+                await self._fail(request, analysis.error, status)
             else:
                 await self._succeed(request, fetched, analysis)
 
@@ -237,7 +239,7 @@ class ImageTask:
         await self._outcome(METADATA_TOPIC, request, quality_message(
             request.uuid, analysis.width, analysis.height, analysis.compression_quality,
             fetched.size, x_robots_tag=directives))
-        await self._record(request.source, str(fetched.status), success=True, ttfb=fetched.ttfb, terminal=True)
+        await self._record(request.source, str(fetched.status), success=True, terminal=True)  # its time counted
         metrics.outcome(metrics.SUCCESS)
 
     async def _opted_out(self, request: CrawlRequest, status: str, decision: Decision,
