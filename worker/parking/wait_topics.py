@@ -1,5 +1,5 @@
-"""Where URLs wait for a time (SPEC.md §1): for their host's robots.txt, or parked because
-their source cannot take them now.
+"""Where and until when a URL waits in Kafka (SPEC.md §1): for its host's robots.txt, or parked
+because its source cannot take it now (``next_turn``).
 
 This module writes the messages; ``worker.parking.hand_back_when_due`` reads them. A URL waiting in
 a task would hold a slot and, since offsets are committed in order, the commit of

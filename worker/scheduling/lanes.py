@@ -77,7 +77,7 @@ class Lanes:
         self.fast: dict[str, Lane] = {}      # fast lanes with work here
 
     def __iter__(self) -> Iterator[Lane]:
-        return iter(list(self._all.values()))
+        return iter(self._all.values())
 
     def __len__(self) -> int:
         return len(self._all)

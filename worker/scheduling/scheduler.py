@@ -1,4 +1,4 @@
-"""Which URLs a worker crawls next, where the others wait, and when offsets are committed.
+"""The worker's loop: each URL read from ``urls`` starts on a slot, waits in its source's lane, or is parked.
 
 One consumer reads the ``urls`` topic, subscribed once: a new source costs no
 rebalance. Messages wait in their source's lane (``worker.scheduling.lanes``) and
@@ -136,26 +136,33 @@ class Scheduler:
         if now_mono < self._next_refresh and not new_source_due:
             return
         counted = self._last_refresh > 0.0 and now_mono > self._last_refresh
-        for lane in self._lanes:  # what each drained at since the last refresh
-            lane.measure(now_mono - self._last_refresh, now_mono, counted)
+        fresh: list[str] = []
+        flagged: list[Lane] = []
+        for lane in self._lanes:  # one pass over every lane
+            lane.measure(now_mono - self._last_refresh, now_mono, counted)  # what it drained at since the last refresh
+            if lane.new or lane.parked_lately:
+                flagged.append(lane)
+            # The limits of the sources new here or parked lately (not of every source each time),
+            # and of those whose queues wait for theirs to be trimmed (_queue_limit).
+            if lane.parked_lately or (lane.new and lane.working) or self._unjudged_long(lane):
+                fresh.append(lane.source)
+        fresh.sort()
         self._last_refresh = now_mono
         self._next_refresh = now_mono + REFRESH_INTERVAL
         working = self._lanes.working()
-        # The limits of the sources new here or parked lately (not of every source each time),
-        # and of those whose queues wait for theirs to be trimmed (_queue_limit).
-        fresh = sorted(lane.source for lane in self._lanes
-                       if lane.parked_lately or (lane.new and lane.source in working) or self._unjudged_long(lane))
         # A paused source (rate 0) may have no work here, its URLs all parked, but its rate decides
         # how they are taken when they come back: read on, so that the pause's end is seen.
         names = sorted(working.keys() | self._view.paused())
+        for lane in flagged:
+            lane.parked_lately = False  # those parked from now on are read at the next refresh
         try:
             await self._view.refresh(self._redis, names, fresh)
         except Exception as exc:  # noqa: BLE001 - Redis away (any client error): keep the last known state
             log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
             return
         self._new_work = False
-        for lane in self._lanes:
-            lane.new = lane.parked_lately = False
+        for lane in flagged:
+            lane.new = False
         if self._view.sources_known() > 2 * len(working) + FORGET_ABOVE:  # a worker meets millions of sources
             self._view.forget(keep=working)
             self._lanes.forget_idle(self._clock())
