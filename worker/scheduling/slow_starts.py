@@ -66,6 +66,10 @@ class Admission:
         self._lag_total += max(0.0, seconds)
         self._lag_samples += 1
 
+    def probed(self) -> tuple[int, float]:
+        """The loop's probes since the last update: how many, and their summed delay (s)."""
+        return self._lag_samples, self._lag_total
+
     def update(self, fast_working: bool, slow_demand: float) -> None:
         """At most once per ADMISSION_UPDATE_SECONDS: the slow sources' allowance for the next one,
         from the loop's mean delay since the last update and the slow starts made in it;
@@ -74,7 +78,8 @@ class Admission:
         elapsed = now - self._updated_at
         if elapsed < ADMISSION_UPDATE_SECONDS:
             return
-        lag = self._lag_total / self._lag_samples if self._lag_samples else 0.0
+        samples, total = self.probed()
+        lag = total / samples if samples else 0.0
         started, ended = self._started / elapsed, self._ended / elapsed
         self._updated_at, self._started, self._ended, self._lag_total, self._lag_samples = now, 0, 0, 0.0, 0
         floor = max(SLOW_STARTS_FLOOR, min(slow_demand, SLOW_SHARE * ended))
