@@ -23,7 +23,7 @@ from worker.intake.offsets import PartitionOffsets
 from worker.monitor_view import MonitorView
 from worker.parking.wait_topics import next_turn
 from worker.scheduling import sizing
-from worker.scheduling.lanes import Job, Lane
+from worker.scheduling.lanes import Job, Lane, Lanes, starters
 from worker.scheduling.scheduler import Scheduler
 from worker.fetching.tokens import TokenBuckets
 
@@ -635,36 +635,34 @@ async def test_a_revoked_partitions_crawls_stop_and_the_others_go_on() -> None:
     assert URLS_0 not in feed.committed()  # nothing of the revoked partition committed after it
 
 
-async def test_with_every_slot_taken_a_freed_slot_goes_to_the_reserved_sources_in_turn() -> None:
-    """Taken in the same order each time, the first sources took every slot that freed: a 200 req/s
-    source with 6 slots reserved had none running for 6 s (bench.peer_img2dataset)."""
-    started: list[str] = []
-
-    async def crawl(request: CrawlRequest) -> float:
-        started.append(request.source)
-        await asyncio.sleep(60)
-        return 0.0
-
-    scheduler = make(FakeFeed([]), await redis_with({}), crawl, max_tasks=1)
-    lanes = scheduler._lanes
-    for source in ("a", "b", "c"):
+def lanes_of(waiting: str, reserved: str = "", fast: str = "") -> Lanes:
+    """Lanes of one-letter sources: ``waiting`` have a URL queued, ``reserved`` a slot, ``fast`` are fast."""
+    lanes = Lanes()
+    for source in waiting:
         lane = lanes.lane(source)
-        lane.queue.extend(Job(URLS_0, n, CrawlRequest(f"http://{source}.example/{n}.jpg", f"{source}-{n}", source))
-                          for n in range(5))
+        lane.queue.append(Job(URLS_0, 0, None))
         lanes.waiting[source] = lane
-        lane.reserved = 1  # more reserved than there are slots: none shared
-        lanes.reserved[source] = lane
-    scheduler._dispatch()
-    for _ in range(5):  # each crawl that ends frees the one slot
-        await asyncio.sleep(0.01)
-        running = next(iter(scheduler._tasks))
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-    await asyncio.sleep(0.01)
-    assert len(started) == 6 and set(started[:3]) == set(started[3:]) == {"a", "b", "c"}, started
-    for task in list(scheduler._tasks):
-        task.cancel()
-    await asyncio.gather(*scheduler._tasks, return_exceptions=True)
+    lanes.reserved = {s: lanes.lane(s) for s in reserved}
+    lanes.fast = {s: lanes.lane(s) for s in fast}
+    return lanes
+
+
+@pytest.mark.parametrize("waiting, reserved, fast, shared_free, slow_open, first_place, offered, next_place", [
+    ("abc", "", "", 5, True, 0, "abc", 0),      # shared slots and the allowance: every queued lane, in rotation
+    ("abc", "abc", "", -2, True, 0, "bca", 1),  # every slot taken: the reserved ones, the first place going round
+    ("abc", "abc", "", -2, True, 1, "cab", 2),
+    ("abc", "abc", "", -2, True, 2, "abc", 0),
+    ("abc", "ab", "", 0, True, 0, "ba", 1),     # of them, those with URLs queued
+    ("abc", "", "bc", 3, False, 0, "cb", 1),    # no allowance: the fast ones
+    ("abc", "b", "bc", 0, False, 0, "b", 0),    # neither: the fast ones with a reservation
+    ("ab", "c", "", 0, True, 4, "", 4),         # nothing can start
+])
+def test_a_freed_slot_goes_round_the_lanes_that_can_start(waiting, reserved, fast, shared_free, slow_open,
+                                                         first_place, offered, next_place) -> None:
+    """Offered in the same order each time, the first sources would take every slot that frees: a
+    200 req/s source with 6 slots reserved had none running for 6 s while all 500 ran."""
+    lanes, place = starters(lanes_of(waiting, reserved, fast), shared_free, slow_open, first_place)
+    assert ("".join(lane.source for lane in lanes), place) == (offered, next_place)
 
 
 async def test_a_crawl_revoked_before_its_first_step_gives_its_slot_back() -> None:

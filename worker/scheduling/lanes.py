@@ -104,3 +104,24 @@ class Lanes:
                     lane.forget()
                 else:
                     del self._all[source]
+
+
+def starters(lanes: Lanes, shared_free: int, slow_open: bool, first_place: int) -> tuple[list[Lane], int]:
+    """The lanes that may start a task, in the order they are offered one, and the next first place.
+
+    With a shared slot free and the slow sources' allowance open, every queued lane, in rotation.
+    Else only those that can start: with no shared slot free the lanes with a reservation, with
+    no allowance the fast ones (of them, the reserved ones if no shared slot is free either), which
+    spares going round thousands of queued lanes at each task's end. Those few are offered in the
+    same order each time, so the first place goes round: else the first would take every slot
+    that frees."""
+    if shared_free > 0 and slow_open:
+        return list(lanes.waiting.values()), first_place
+    reserved, fast, waiting = lanes.reserved, lanes.fast, lanes.waiting
+    few = reserved if shared_free <= 0 and slow_open else (
+        fast if shared_free > 0 else {s: lane for s, lane in fast.items() if s in reserved})
+    candidates = [lane for s, lane in few.items() if s in waiting]
+    if candidates:
+        first_place = (first_place + 1) % len(candidates)
+        candidates = candidates[first_place:] + candidates[:first_place]
+    return candidates, first_place

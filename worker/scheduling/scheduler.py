@@ -47,7 +47,7 @@ from worker.monitor_view import MonitorView
 from worker.parking.hand_over import hand_on, reject
 from worker.parking.wait_topics import next_turn, parked_message, wait_message
 from worker.scheduling import sizing
-from worker.scheduling.lanes import Job, Lane, Lanes
+from worker.scheduling.lanes import Job, Lane, Lanes, starters
 from worker.scheduling.slots import need, reserve
 from worker.scheduling.slow_starts import Admission
 
@@ -328,20 +328,7 @@ class Scheduler:
                        - sum(lane.running - lane.reserved for lane in lanes.running.values()
                              if lane.running > lane.reserved))
         slow_open = admission.may_start_slow()
-        # With no shared slot free only the sources with a reservation can start, and with no
-        # allowance only the fast ones: going round every queued source at each task's end is
-        # most of the loop when thousands are queued.
-        if shared_free > 0 and slow_open:
-            candidates = list(waiting.values())
-        else:
-            few = reserved if shared_free <= 0 and slow_open else (
-                fast if shared_free > 0 else {s: lane for s, lane in fast.items() if s in reserved})
-            candidates = [lane for s, lane in few.items() if s in waiting]
-            # Taken in the same order each time, the first sources would take every slot that
-            # frees: the first place goes round.
-            if candidates:
-                self._first_place = (self._first_place + 1) % len(candidates)
-                candidates = candidates[self._first_place:] + candidates[:self._first_place]
+        candidates, self._first_place = starters(lanes, shared_free, slow_open, self._first_place)
         while candidates and self._total < self._max_tasks:
             started: list[Lane] = []
             closed = False  # the allowance ran out in this round
