@@ -247,9 +247,9 @@ async def test_idle_connections_are_closed_by_a_timer_without_further_traffic(se
     monkeypatch.setattr(http_client, "IDLE_SWEEP_SECONDS", 0.1)
     server = await serve(respond(ok(b"body")))
     assert (await fetch(client, server.url()))[1] == b"body"
-    assert client._idle_count == 1
+    assert client.idle_connections == 1
     await asyncio.sleep(0.6)
-    assert client._idle_count == 0 and all(w.is_closing() or w.transport.is_closing() for w in server._writers)
+    assert client.idle_connections == 0 and all(w.is_closing() or w.transport.is_closing() for w in server._writers)
 
 
 # --- 3. stale connections --------------------------------------------------------

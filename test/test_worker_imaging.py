@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image, JpegImagePlugin
 
-from test.worker_fakes import exif_jpeg, image_bytes, png_bomb
+from test.worker_fakes import exif_jpeg, image_bytes, kill_and_wait, png_bomb
 from worker.imaging import webp
 from worker.imaging.analysis import BOMB, UNIDENTIFIED, analyze, fitted_size
 from worker.imaging.jpeg_quality import estimate_quality
@@ -211,9 +211,8 @@ async def test_pool_survives_a_crashed_process() -> None:
     pool = ImagePool(processes=1)
     try:
         await pool.analyze(image_bytes("PNG"), TARGET)
-        for pooled in list(pool._processes):
-            pooled.process.kill()  # as the OOM killer would
-            pooled.process.join()
+        for pid in pool.process_ids():
+            kill_and_wait(pid)
         result = await pool.analyze(image_bytes("JPEG", (30, 20)), TARGET)
         assert (result.width, result.height) == (30, 20)
     finally:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import worker.imaging.pool as pool_module
-from test.worker_fakes import image_bytes
+from test.worker_fakes import image_bytes, process_gone
 from worker.fetching import shared_memory
 from worker.constants import IMAGE_PROCESS_NICENESS, SEGMENT_STEP
 from worker.imaging.analysis import analyze
@@ -77,7 +77,7 @@ async def test_a_pool_process_that_cannot_read_segments_turns_them_off(monkeypat
             result = await pool.analyze(body, TARGET)
             body.release()
             assert (result.width, result.height) == size
-        assert pool._shared is False
+        assert pool.shares_memory is False
     finally:
         pool.close()
         segments.close()
@@ -108,10 +108,13 @@ def test_idle_segments_are_kept_for_reuse_up_to_a_memory_bound(monkeypatch) -> N
     for body in bodies:
         body.release()
         body.release()  # twice is harmless
-    assert [segment.fd for segment in segments._idle] == fds[:2]
+    assert segments.idle_count == 2
+    for fd in fds[:2]:
+        os.fstat(fd)  # the two within the bound are kept open
     with pytest.raises(OSError):
         os.fstat(fds[2])  # the one over the bound was closed
     assert segments.take().fd == fds[1]  # reused, pages already backed
+    assert segments.idle_count == 1
     segments.close()
     with pytest.raises(OSError):
         os.fstat(fds[0])
@@ -152,10 +155,10 @@ async def test_a_process_that_never_answers_ends_its_image_and_the_one_queued_be
         assert await asyncio.wait_for(stuck, 30) == pool_module.Analysis(error=pool_module.TIMED_OUT)
         first = await asyncio.wait_for(queued, 30)
         assert (first.width, first.height) == (50, 20)
-        processes = [pooled.process for pooled in pool._processes]
+        pids = pool.process_ids()
     finally:
         pool.close()
-    assert not any(process.is_alive() for process in processes)
+    assert all(process_gone(pid) for pid in pids)
     assert capsys.readouterr().out.count("image_pool_broken") == 2  # the stuck one, the queued one
 
 
@@ -172,10 +175,10 @@ async def test_a_cancelled_analysis_leaves_no_stale_answer_for_the_next_one() ->
         first = await asyncio.wait_for(queued, 10)
         second = await asyncio.wait_for(pool.analyze(image_bytes("PNG", (70, 10)), TARGET), 10)
         assert [(r.width, r.height) for r in (first, second)] == [(50, 20), (70, 10)]
-        processes = [pooled.process for pooled in pool._processes]
+        pids = pool.process_ids()
     finally:
         pool.close()
-    assert not any(process.is_alive() for process in processes)  # close() leaves none behind
+    assert all(process_gone(pid) for pid in pids)  # close() leaves none behind
 
 
 async def test_image_processes_yield_the_cpu_to_the_event_loop() -> None:

@@ -291,7 +291,7 @@ async def test_the_body_goes_back_to_the_pool_once_analysed(monkeypatch, analysi
     fetched = in_a_segment(segments, image_bytes("JPEG"))
 
     async def analyze(body: Body, target: int):
-        assert body.segment is not None and not segments._idle  # still lent while analysed
+        assert body.segment is not None and not segments.idle_count  # still lent while analysed
         if analysis_fails:
             raise RuntimeError("image process: boom")
         return await inline_analyze(body, target)
@@ -300,12 +300,12 @@ async def test_the_body_goes_back_to_the_pool_once_analysed(monkeypatch, analysi
     sent = producer.send
 
     async def send_after_release(*args, **kwargs):
-        assert fetched.body.segment is None and len(segments._idle) == 1
+        assert fetched.body.segment is None and segments.idle_count == 1
         return await sent(*args, **kwargs)
     producer.send = send_after_release
     if analysis_fails:  # a bug (analyze never raises): the URL still ends, named by the exception
         await run()
-        assert fetched.body.segment is None and len(segments._idle) == 1
+        assert fetched.body.segment is None and segments.idle_count == 1
         assert [m["reason"] for m in run.producer.on(CRAWL_ERRORS_TOPIC)] == ["RuntimeError"]
     else:
         await run()

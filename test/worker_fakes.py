@@ -4,6 +4,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import select
+import signal
 import socket
 import struct
 import time
@@ -355,3 +358,22 @@ class LoopbackResolver(AbstractResolver):
 
     async def close(self):
         pass
+
+
+def kill_and_wait(pid: int) -> None:
+    """SIGKILL ``pid``, as the OOM killer would, and wait until it has died; its parent still reaps it."""
+    fd = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+
+
+def process_gone(pid: int) -> bool:
+    """No process ``pid`` any more, not even one dead and waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

@@ -556,6 +556,11 @@ class HttpClient:
         self._sweeper: asyncio.TimerHandle | None = None  # pending while connections are idle
         self._closed = False
 
+    @property
+    def idle_connections(self) -> int:
+        """How many keep-alive connections sit idle in the pool, over all origins."""
+        return self._idle_count
+
     def idle(self, url: str) -> Ready | None:
         """An idle keep-alive connection to ``url``'s origin, taken from the pool; None if none."""
         connection = self._idle_connection(url_origin(url))

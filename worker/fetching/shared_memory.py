@@ -156,6 +156,11 @@ class SegmentPool:
         self._returned.set()
 
     @property
+    def idle_count(self) -> int:
+        """Segments given back and kept for reuse."""
+        return len(self._idle)
+
+    @property
     def held_bytes(self) -> int:
         """Memory backing the bodies being received or waiting for the image pool."""
         return self._held

@@ -65,6 +65,16 @@ class ImagePool:
         self._shared = True  # until a pool process cannot open a segment
         metrics.IMAGE_PROCESSES.set(self.processes)
 
+    @property
+    def shares_memory(self) -> bool:
+        """Whether pool processes read bodies in segments from shared memory; False for good
+        once one could not open a segment (the socket carries the bytes instead)."""
+        return self._shared
+
+    def process_ids(self) -> list[int]:
+        """The pids of the pool's processes now (one that died is replaced when next used)."""
+        return [pooled.process.pid for pooled in self._processes if pooled.process.pid is not None]
+
     async def analyze(self, body: Body | bytes, target_resolution: int) -> Analysis:
         """``analysis.analyze`` in a pool process; a ``Body`` in a segment is read from there."""
         path = body.path if isinstance(body, Body) else None
