@@ -25,7 +25,8 @@ few req/s, so the slow start is judged every second on the answers
 recorded since the last look (``observe_fresh``): a few (``ADAPTIVE_SLOW_START_SAMPLES``),
 to requests made after the last doubling, tell "as fast as at first" from "slower". The
 first slow-down halves the multiplier (back to the last rate answered fast) and ends the
-slow start. Capacity discovery is the same controller with a higher top: a source the
+slow start: overload answers at once, a slow median once the next fresh answers are slow too
+(``slow_start_move``). Capacity discovery is the same controller with a higher top: a source the
 regulator lets discover starts at a tenth of its ``cap`` and climbs past its limit
 (multiplier above 1) up to it; past the limit a doubling needs more fresh answers, to
 requests sent over seconds at the current grant (``doubling_evidence``), so a site whose
@@ -144,6 +145,21 @@ def answered_rate(readings: Iterable[Reading], now: float, seconds: float) -> fl
 SLOW, FAST = "slow", "fast"
 
 
+def slow_start_move(verdict: str | None, overloaded: bool, slow_before: bool) -> str:
+    """The slow start's move on one judgement of fresh answers: DOWN (end it) on overload answers
+    or on a slow median confirmed by the next fresh answers; HOLD on a first slow median (a
+    worker's late event loop delays one look's answers, a site's queue slows the next too) or
+    an undecided one; UP (may double) when fast."""
+    if verdict == SLOW:
+        return DOWN if overloaded or slow_before else HOLD
+    return UP if verdict == FAST else HOLD
+
+
+def overloaded(overload: int, total: int) -> bool:
+    """Timeouts and 429/502/503/504 past ADAPTIVE_OVERLOAD_SHARE of the answers (at least ADAPTIVE_OVERLOAD_MIN)."""
+    return overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total
+
+
 @dataclass
 class Controller:
     """One source's AIMD state. ``observe`` each completed bucket, in order, and during the
@@ -154,6 +170,7 @@ class Controller:
     discovery): the same slow start and AIMD, with a higher top."""
     multiplier: float = ADAPTIVE_START_SHARE
     slow_start: bool = True           # doubling until the first slow-down
+    slow_seen: bool = False           # the slow start's last judgement was a slow median, unconfirmed
     baseline_ms: float | None = None  # as set at baseline_at; ``baseline(now)`` adds the drift
     baseline_at: float = 0.0
     recent_ms: float | None = None
@@ -235,13 +252,20 @@ class Controller:
         if median is not None and (baseline is None or median < baseline):
             self.baseline_ms, self.baseline_at = median, now
         verdict = self._judge(bins, overload, total, self.baseline(now))
+        move = slow_start_move(verdict, overloaded(overload, total), self.slow_seen)
         lowest, top = floor_share(ceiling), top_share(ceiling, cap)
-        if verdict == SLOW:  # one doubling back, and by steps from there
+        if move == DOWN:  # one doubling back, and by steps from there
             self.multiplier = max(lowest, level / 2)
-            self.slow_start = False
+            self.slow_start = self.slow_seen = False
             self._changed(now)
             return DOWN
-        if verdict == FAST and now - max(settled, self.fresh[0].start) >= seconds:
+        if verdict == SLOW:  # to be confirmed by answers not yet judged
+            self.slow_seen = True
+            self.fresh.clear()
+            return HOLD
+        if verdict == FAST:
+            self.slow_seen = False
+        if move == UP and now - max(settled, self.fresh[0].start) >= seconds:
             grown = min(top, level * 2)
             if seconds:  # past the limit: at most twice the rate the site answered (its proof)
                 grown = min(grown, max(level, 2 * answered_rate(reversed(self.fresh), now, seconds) / ceiling))
@@ -257,7 +281,7 @@ class Controller:
     def _judge(bins: dict[int, int], overload: int, total: int, baseline: float | None) -> str | None:
         """SLOW (past 2x the baseline and +100 ms, or overload answers past 5%), FAST (within
         1.5x or +50 ms), or None: in between, or no baseline to judge by."""
-        if overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total:
+        if overloaded(overload, total):
             return SLOW
         median = median_ms(bins)
         if median is None or baseline is None:

@@ -8,7 +8,7 @@ import pytest
 from common import contracts
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_SECONDS, bin_of, bucket_start, median_ms, parse_bucket
 from crawl_monitor.adaptive import (DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading, doubling_evidence,
-                                    start_share)
+                                    slow_start_move, start_share)
 from crawl_monitor.constants import ADAPTIVE_FLOOR_RPS, ADAPTIVE_READINGS_KEPT, ADAPTIVE_START_SHARE
 from crawl_monitor.regulator import Regulator
 from test.test_monitor_fakes import FakeAsyncRedis
@@ -270,7 +270,11 @@ def test_a_doubling_past_the_limit_needs_more_answers_over_a_second(level, evide
     ([(30, 9)] * 5, [HOLD, UP, HOLD, HOLD, UP]),                              # 2 s at each grant
     ([(207, 4), (207, 4), (215, 4), (230, 4), (215, 4)], [WAIT, UP, WAIT, HOLD, UP]),  # 4-10% slower: not load
     ([(200, 8), (200, 8), (330, 8), (330, 8)], [HOLD, UP, HOLD, HOLD]),      # past 1.5x: held, not doubled
-    ([(200, 8), (200, 8), (500, 8)], [HOLD, UP, DOWN]),                       # past 2x and +100 ms: one back
+    ([(200, 8), (200, 8), (500, 8)], [HOLD, UP, HOLD]),                       # past 2x and +100 ms once: held
+    ([(200, 8), (200, 8), (500, 8), (500, 8)], [HOLD, UP, HOLD, DOWN]),       # and again: one back
+    ([(200, 8), (200, 8), (1804, 8), (200, 8), (200, 8), (200, 8), (200, 8)],  # a late worker's one look:
+     [HOLD, UP, HOLD, HOLD, UP, HOLD, HOLD]),                                  # doubles on after 2 s of fast
+    ([(200, 8), (200, 8), (1804, 8), (200, 8), (1804, 8)], [HOLD, UP, HOLD, HOLD, HOLD]),  # fast between: unconfirmed
 ])
 def test_the_discovery_slow_start_doubles_only_on_enough_fresh_fast_answers(answers, verdicts) -> None:
     c = Controller()
@@ -278,6 +282,18 @@ def test_the_discovery_slow_start_doubles_only_on_enough_fresh_fast_answers(answ
     assert got == verdicts
     if verdicts[-1] == DOWN:
         assert c.rate(1, 32) == pytest.approx(3.2) and not c.slow_start  # 6.4 halved
+
+
+@pytest.mark.parametrize("verdict, overload, slow_before, move", [
+    ("slow", False, False, HOLD),   # one slow median: a worker's late loop, or the site? hear more
+    ("slow", False, True, DOWN),    # confirmed by the next answers: the site
+    ("slow", True, False, DOWN),    # timeouts, 429/503: at once
+    ("fast", False, True, UP),
+    ("fast", False, False, UP),
+    (None, False, True, HOLD),      # between 1.5x and 2x: neither
+])
+def test_the_slow_start_ends_on_overload_or_a_confirmed_slow_median(verdict, overload, slow_before, move) -> None:
+    assert slow_start_move(verdict, overload, slow_before) == move
 
 
 @pytest.mark.parametrize("per_second, rates", [
