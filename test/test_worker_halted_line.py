@@ -105,7 +105,7 @@ async def test_a_resume_hands_back_that_source_and_keeps_the_others_waiting() ->
     running = asyncio.create_task(line.run())
     try:
         # The first scan (a new owner) finds nothing to hand back: everything is written again.
-        await until(lambda: line.parked_again == 30 and not line._scanning)
+        await until(lambda: line.parked_again == 30 and not line.scanning)
         assert not producer.on(URLS_TOPIC) and feed.paused == set(PARTS)
         assert feed.committed == {PARTS[0]: 17, PARTS[1]: 16}  # placed (and the markers), so committed
         read_after_scan = feed.read
@@ -113,7 +113,7 @@ async def test_a_resume_hands_back_that_source_and_keeps_the_others_waiting() ->
         assert feed.read == read_after_scan  # between scans, nothing is read
 
         view.decide(halted={"a"})  # ctl resume b
-        await until(lambda: len(producer.on(URLS_TOPIC)) == 10 and not line._scanning)
+        await until(lambda: len(producer.on(URLS_TOPIC)) == 10 and not line.scanning)
         assert sorted(m["uuid"] for m in producer.on(URLS_TOPIC)) == sorted(f"b-{n}" for n in range(0, 30, 3))
         assert {m["source"] for m in producer.urls_on(HALTED_URLS_TOPIC)} == {"a", "b"}  # b's from the first scan
         assert line.parked_again >= 50 and producer.on(REJECTED_TOPIC)[0]["raw"] == "not json"
@@ -130,13 +130,31 @@ async def test_what_arrives_during_a_scan_is_left_for_the_next_one() -> None:
     marker is passed over."""
     producer = LogProducer()
     feed = LogFeed(producer)
+    for value in (url("a", 0), scan_marker(), url("a", 2)):
+        feed.append(PARTS[0], value)
+    at_markers: list[tuple] = []  # at each scan's marker on PARTS[0]: handed back, committed, position, paused
+    send = producer.send
+
+    async def send_then_one_late(topic: str, value: bytes, key=None, partition: int | None = None) -> None:
+        await send(topic, value, key, partition)
+        if (topic, partition) == PARTS[0] and is_scan_marker(value):
+            at_markers.append(([m["uuid"] for m in producer.on(URLS_TOPIC)], feed.committed.get(PARTS[0]),
+                               feed.position[PARTS[0]], PARTS[0] in feed.paused))
+            if len(at_markers) == 1:
+                feed.append(PARTS[0], url("late", 4))  # parked just after the first scan's marker
+
+    producer.send = send_then_one_late  # type: ignore[method-assign]
     line = HaltedLine(feed, producer, MonitorView())
-    line._owned, line._scanning, line._marker = {PARTS[0]}, {PARTS[0]}, scan_marker()
-    records = [url("a", 0), scan_marker(), url("a", 2), line._marker, url("late", 4)]
-    await line._scan([Record(*PARTS[0], n, value) for n, value in enumerate(records)], frozenset())
-    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["a-0", "a-2"]
-    assert feed.committed == {PARTS[0]: 4} and feed.position[PARTS[0]] == 4 and PARTS[0] in feed.paused
-    assert not line._scanning
+    running = asyncio.create_task(line.run())
+    try:
+        await until(lambda: len(at_markers) >= 2 and len(producer.on(URLS_TOPIC)) == 3)
+    finally:
+        line.stop()
+        await asyncio.wait_for(running, 5)
+    # When the second scan began, the first had handed back only what came before its marker,
+    # committed and sought to just past it (the late URL's offset), and paused the partition.
+    assert at_markers[1] == (["a-0", "a-2"], 4, 4, True)
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["a-0", "a-2", "late-4"]  # never skipped
 
 
 async def test_a_scan_reads_to_its_marker_not_to_the_end_the_broker_reports() -> None:
@@ -167,9 +185,9 @@ async def test_a_url_parked_after_the_resume_by_a_worker_that_had_not_seen_it_go
     line = HaltedLine(feed, producer, view)
     running = asyncio.create_task(line.run())
     try:
-        await until(lambda: line.parked_again == 1 and not line._scanning)
+        await until(lambda: line.parked_again == 1 and not line.scanning)
         view.decide(halted=())
-        await until(lambda: len(producer.on(URLS_TOPIC)) == 1 and not line._scanning)
+        await until(lambda: len(producer.on(URLS_TOPIC)) == 1 and not line.scanning)
         await asyncio.sleep(0.3)  # the resume's scans have ended
         feed.append(PARTS[1], url("b", 1))  # parked by a worker that still saw b halted
         await until(lambda: len(producer.on(URLS_TOPIC)) == 2, timeout=2)

@@ -70,6 +70,11 @@ class HaltedLine:
         self._stopping = asyncio.Event()
         self.parked_again = 0   # URLs written again for the next scan
 
+    @property
+    def scanning(self) -> bool:
+        """A scan is under way: some partition's read has not reached its marker yet."""
+        return bool(self._scanning)
+
     def stop(self) -> None:
         self._stopping.set()
 
