@@ -16,7 +16,6 @@ from aiohttp.test_utils import TestServer
 from common.contracts import sent_log_key, source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetching.fetch import FetchError, Fetcher
-from worker.fetching import http_client
 from worker.fetching.http_client import HttpClient
 from worker.politeness.consent import ResponseConsent
 from worker.politeness.addresses import GuardedResolver
@@ -449,14 +448,14 @@ async def test_a_stall_between_the_token_and_the_write_forfeits_the_token(server
     redis = FakeRedis()
     await redis.set(tokens_key(SOURCE), 10)
     stalls = [STALE_TOKEN_SECONDS + 0.05]
-    real_head = http_client._request_head
+    real_get = http.get
 
-    def stalled_head(*args):
+    def stalled_get(*args, **kwargs):
         if stalls:
             time.sleep(stalls.pop())  # blocks the loop, as a collection does
-        return real_head(*args)
+        return real_get(*args, **kwargs)
 
-    monkeypatch.setattr(http_client, "_request_head", stalled_head)
+    monkeypatch.setattr(http, "get", stalled_get)  # called with the token's deadline in hand
     fetched = await make_fetcher(http, redis).fetch(str(server.make_url("/image")), SOURCE)
     assert (fetched.status, fetched.body.bytes()) == (200, BODY)
     assert len(server.app[USER_AGENTS]) == 1  # the site saw the request once, sent on time
@@ -573,4 +572,4 @@ async def test_a_waiting_source_is_marked_active_and_idle_ones_are_forgotten(mon
     monkeypatch.setattr(tokens_module.time, "monotonic", lambda: later)
     tokens.turn("busy")
     monkeypatch.undo()  # time.monotonic is the event loop's clock too
-    assert set(tokens._turns) == {"busy"} and not tokens._next_send and not tokens._last_rate
+    assert tokens.remembered_sources() == {"busy"}

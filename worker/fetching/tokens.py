@@ -177,6 +177,11 @@ class TokenBuckets:
         self._next_forget = 0.0
         self._next_mark_prune = 0.0
 
+    def remembered_sources(self) -> set[str]:
+        """The sources anything is kept for (turns, pace, rate, last use); idle ones are forgotten."""
+        return (set(self._turns) | set(self._next_turn) | set(self._next_send) | set(self._last_rate)
+                | set(self._used_at) | self._stocked)
+
     def turn(self, source: str) -> asyncio.Lock:
         """A turn of ``source``, held while a task waits for its token: one poller per turn, and
         one turn per TOKEN_TURN_RATE req/s of its rate (as known now), taken in rotation."""
