@@ -68,11 +68,12 @@ def ok(body: bytes, status: int = 200, **headers: str) -> Fetched:
 class Run:
     def __init__(self, result: Fetched | FetchError, attempts: int = 0, producer: FakeProducer | None = None,
                  redis_down_for: int = 0, outage: type[Exception] = RedisConnectionError,
-                 analyze=inline_analyze):
+                 analyze=inline_analyze, thumbnails: FakeThumbnails | None = None):
         self.redis = FakeRedis()
         self.producer = producer or FakeProducer()
-        self.thumbnails = FakeThumbnails()
-        self.task = ImageTask(FakeFetcher(result, redis_down_for, outage), analyze, self.thumbnails, self.producer,
+        self.thumbnails = thumbnails or FakeThumbnails()
+        self.fetcher = FakeFetcher(result, redis_down_for, outage)
+        self.task = ImageTask(self.fetcher, analyze, self.thumbnails, self.producer,
                               Stats(self.redis), SETTINGS)
         self.request = CrawlRequest("http://example.org/a.jpg", "uuid-1", SOURCE, attempts)
 
@@ -318,7 +319,7 @@ async def test_the_body_goes_back_to_the_pool_once_analysed(monkeypatch, analysi
 async def test_an_unexpected_exception_ends_the_url_but_a_halt_or_a_stop_leaves_it_to_be_parked(
         raised: Exception, ends: bool, capsys) -> None:
     run = Run(ok(b""))
-    run.task._fetcher.fetch = lambda url, source: _raise(raised)  # type: ignore[attr-defined]
+    run.fetcher.fetch = lambda url, source: _raise(raised)  # type: ignore[method-assign]
     if ends:
         await run()
         assert [(m["reason"], m["identifier"]) for m in run.producer.on(CRAWL_ERRORS_TOPIC)] == [("KeyError", "uuid-1")]
@@ -410,8 +411,8 @@ def logged(out: str, event: str) -> list[dict]:
 async def test_a_thumbnail_the_store_refuses_ends_the_url_in_crawl_errors_at_once(capsys) -> None:
     """S3's 400 about this object is the URL's outcome, not an outage: no wait, no retry, and
     kept out of the breaker's windows (the site answered well)."""
-    run = Run(ok(image_bytes("JPEG")))
-    run.task._thumbnails = RefusingThumbnails(ThumbnailRefused(400, "InvalidRequest", "Invalid Request"))
+    refused = ThumbnailRefused(400, "InvalidRequest", "Invalid Request")
+    run = Run(ok(image_bytes("JPEG")), thumbnails=RefusingThumbnails(refused))
     await asyncio.wait_for(run(), 1.0)
     assert set(run.outcomes()) == {CRAWL_ERRORS_TOPIC}
     (error,) = run.producer.on(CRAWL_ERRORS_TOPIC)
@@ -425,22 +426,21 @@ async def test_a_thumbnail_the_store_refuses_ends_the_url_in_crawl_errors_at_onc
 
 async def test_a_store_wide_s3_failure_is_still_waited_out(monkeypatch) -> None:
     monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.01)
-    run = Run(ok(image_bytes("JPEG")))
-    run.task._thumbnails = RefusingThumbnails(S3PutFailed("HTTP 403 SignatureDoesNotMatch"), refuse=2)
+    thumbnails = RefusingThumbnails(S3PutFailed("HTTP 403 SignatureDoesNotMatch"), refuse=2)
+    run = Run(ok(image_bytes("JPEG")), thumbnails=thumbnails)
     await run()
-    assert set(run.outcomes()) == {METADATA_TOPIC} and "uuid-1" in run.task._thumbnails.stored
+    assert set(run.outcomes()) == {METADATA_TOPIC} and "uuid-1" in run.thumbnails.stored
 
 
 async def test_the_seconds_waiting_out_an_outage_are_not_the_tasks_work(monkeypatch) -> None:
     """What ``process`` returns sizes the source's share of the worker: counted as work, an S3
     outage parked the sources' URLs 1 s apart (test_s3_outage_mid_crawl_thumbnails_wait)."""
     monkeypatch.setattr(task_module, "INFRA_RETRY_FIRST_DELAY", 0.2)
-    run = Run(ok(image_bytes("JPEG")))
-    run.task._thumbnails = RefusingThumbnails(S3PutFailed("HTTP 503 SlowDown"), refuse=3)
+    run = Run(ok(image_bytes("JPEG")), thumbnails=RefusingThumbnails(S3PutFailed("HTTP 503 SlowDown"), refuse=3))
     started = asyncio.get_running_loop().time()
     work = await run.task.process(run.request)
     assert asyncio.get_running_loop().time() - started >= 0.3  # waited 0.1-0.2, 0.2-0.4, 0.4-0.8 s
-    assert 0 <= work < 0.1 and "uuid-1" in run.task._thumbnails.stored
+    assert 0 <= work < 0.1 and "uuid-1" in run.thumbnails.stored
 
 
 @pytest.mark.parametrize("topic, result", [
