@@ -4,21 +4,30 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import pickle
 import resource
-import time
+import signal
 
 import pytest
 
 import worker.imaging.pool as pool_module
-from test.worker_fakes import image_bytes, process_gone
+from test.worker_fakes import image_bytes, kill_and_wait, process_gone
 from worker.fetching import shared_memory
 from worker.constants import IMAGE_PROCESS_NICENESS, SEGMENT_STEP
 from worker.imaging.analysis import analyze
-from worker.imaging.pool import ImagePool
+from worker.imaging.pool import ImagePool, PoolProcess
+from worker.imaging.pool_process import DONE
 from worker.fetching.shared_memory import Body, Segment, SegmentPool, SegmentUnavailable
 
 TARGET = 64
 SPAN = 5 << 20
+
+
+async def call(process: PoolProcess, function, *args):
+    """``function(*args)`` in ``process``, through the request stream the pool drives it by."""
+    outcome, value = await process.call(pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL))
+    assert outcome == DONE, value
+    return value
 
 
 def in_segment(segments: SegmentPool, data: bytes) -> Body:
@@ -133,9 +142,22 @@ def test_no_memory_for_a_body_is_segment_unavailable(monkeypatch) -> None:
 
 
 async def test_an_image_that_kills_its_process_twice_is_an_error_and_the_pool_goes_on(capsys) -> None:
+    """Its process dies under it (killed here, stopped first so that it cannot answer), and
+    so does the new one it is tried again in."""
     pool = ImagePool(processes=1)
     try:
-        assert await pool._run(1, os._exit, 9) == pool_module.Analysis(error=pool_module.CRASHED)
+        (first,) = pool.process_ids()
+        os.kill(first, signal.SIGSTOP)
+        crashing = asyncio.create_task(pool.analyze(image_bytes("PNG", (30, 40)), TARGET))
+        await asyncio.sleep(0.1)
+        kill_and_wait(first)
+        async with asyncio.timeout(30):
+            while pool.process_ids() == [first]:
+                await asyncio.sleep(0)
+        (second,) = pool.process_ids()
+        os.kill(second, signal.SIGSTOP)  # at once: a new process is still starting, far from answering
+        kill_and_wait(second)
+        assert await asyncio.wait_for(crashing, 30) == pool_module.Analysis(error=pool_module.CRASHED)
         result = await pool.analyze(image_bytes("PNG", (40, 30)), TARGET)
         assert (result.width, result.height) == (40, 30)
     finally:
@@ -149,12 +171,15 @@ async def test_a_process_that_never_answers_ends_its_image_and_the_one_queued_be
     queued image is analysed in the new one."""
     pool = ImagePool(processes=1, timeout=5.0)  # a new process starts well within it, even on a busy machine
     try:
-        stuck = asyncio.create_task(pool._run(1, time.sleep, 3600))
+        (pid,) = pool.process_ids()
+        os.kill(pid, signal.SIGSTOP)  # it will never answer
+        stuck = asyncio.create_task(pool.analyze(image_bytes("PNG", (30, 40)), TARGET))
         await asyncio.sleep(0.1)
         queued = asyncio.create_task(pool.analyze(image_bytes("PNG", (50, 20)), TARGET))
         assert await asyncio.wait_for(stuck, 30) == pool_module.Analysis(error=pool_module.TIMED_OUT)
         first = await asyncio.wait_for(queued, 30)
         assert (first.width, first.height) == (50, 20)
+        assert process_gone(pid)  # replaced: killed and reaped
         pids = pool.process_ids()
     finally:
         pool.close()
@@ -166,15 +191,20 @@ async def test_a_cancelled_analysis_leaves_no_stale_answer_for_the_next_one() ->
     """Its answer still arrives, behind the queued one, and is dropped."""
     pool = ImagePool(processes=1)
     try:
-        slow = asyncio.create_task(pool._run(1, time.sleep, 0.5))
+        await pool.analyze(image_bytes("PNG", (20, 10)), TARGET)  # the process has started
+        (pid,) = pool.process_ids()
+        os.kill(pid, signal.SIGSTOP)  # holds every answer until it goes on
+        slow = asyncio.create_task(pool.analyze(image_bytes("PNG", (30, 40)), TARGET))
         queued = asyncio.create_task(pool.analyze(image_bytes("PNG", (50, 20)), TARGET))
         await asyncio.sleep(0.1)
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
+        os.kill(pid, signal.SIGCONT)  # the cancelled one's answer comes first
         first = await asyncio.wait_for(queued, 10)
         second = await asyncio.wait_for(pool.analyze(image_bytes("PNG", (70, 10)), TARGET), 10)
         assert [(r.width, r.height) for r in (first, second)] == [(50, 20), (70, 10)]
+        assert pool.process_ids() == [pid]  # the same process: the stream stayed in step
         pids = pool.process_ids()
     finally:
         pool.close()
@@ -186,7 +216,8 @@ async def test_image_processes_yield_the_cpu_to_the_event_loop() -> None:
     pool = ImagePool(processes=1)
     try:
         await pool.analyze(image_bytes("PNG", (20, 10)), TARGET)  # the process has started
-        assert await pool._run(1, os.nice, 0) == min(os.nice(0) + IMAGE_PROCESS_NICENESS, 19)
+        (pid,) = pool.process_ids()
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(os.nice(0) + IMAGE_PROCESS_NICENESS, 19)
     finally:
         pool.close()
 
@@ -205,22 +236,22 @@ async def test_a_pool_process_reuses_the_memory_of_its_last_images() -> None:
     """Large images, decoded to 8-10 MB each: given back to the kernel after each image, their
     pages came back as ~9,000 page faults in these six analyses (~1,100 kept; docs/decisions.md)."""
     images = [image_bytes("WEBP", (1600, 1565)), image_bytes("PNG", (1309, 1600)), image_bytes("JPEG", (1600, 1033))]
-    pool = ImagePool(processes=1)
+    process = PoolProcess.start()
     try:
-        faults = await pool._run(1, faults_of_analyses, images)
+        faults = await call(process, faults_of_analyses, images)
     finally:
-        pool.close()
+        process.close()
     assert faults < 3000
 
 
 async def test_answers_bigger_than_one_read_or_several_in_one_read_each_arrive_whole() -> None:
-    pool = ImagePool(processes=1)
+    process = PoolProcess.start()
     sizes = [3, 600_000, 10, 1_000_000, 7, 0, 300_000, 5, 6]
     try:
-        answers = await asyncio.gather(*(pool._run(1, os.urandom, size) for size in sizes))
+        answers = await asyncio.gather(*(call(process, os.urandom, size) for size in sizes))
         assert [len(answer) for answer in answers] == sizes
     finally:
-        pool.close()
+        process.close()
 
 
 async def test_without_memfd_a_body_is_anonymous_memory_sent_through_the_socket(monkeypatch) -> None:
