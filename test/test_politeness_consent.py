@@ -12,7 +12,7 @@ from multidict import CIMultiDict
 
 from common.contracts import (SIGNAL_CONTENT_USAGE_HEADER, SIGNAL_ROBOTS, SIGNAL_ROBOTS_CONTENT_USAGE,
                               SIGNAL_ROBOTS_EXTRA, SIGNAL_TDMREP_FILE, SIGNAL_TDMREP_HEADER, SIGNAL_X_ROBOTS_TAG,
-                              tdmrep_key)
+                              robots_key, tdmrep_key)
 from common.statuses import Status
 from test.sites import TEST_USER_AGENT, Page, Site
 from worker.politeness import Refused
@@ -195,19 +195,35 @@ async def test_robots_groups_of_extra_tokens_and_content_usage_bind(redis_client
     assert (decision and decision.signal) == signal
 
 
-def test_a_record_kept_for_other_tokens_is_fetched_again():
-    stored = RobotsFile(RULES, "User-agent: *\nDisallow: /x\n", 200)  # an older record: no tokens
-    cache = RobotsCache(None, None, TOKEN)  # type: ignore[arg-type]
-    assert not cache._current(stored)
-    assert cache._current(RobotsFile(RULES, "", 200, tokens=[TOKEN]))
-    assert not RobotsCache(None, None, TOKEN, extra_tokens=("CCBot",))._current(  # type: ignore[arg-type]
-        RobotsFile(RULES, "", 200, tokens=[TOKEN]))
+@pytest.mark.parametrize("stored_tokens, extra, fetched", [
+    (None, (), 1),                # an older record, kept for no tokens
+    ([TOKEN], (), 0),             # kept for exactly our tokens
+    ([TOKEN], ("CCBot",), 1),     # kept without a token we now answer to
+])
+async def test_a_record_kept_for_other_tokens_is_fetched_again(redis_client, stored_tokens, extra, fetched):
+    origin = f"http://kept-{len(extra)}-{stored_tokens is None}.test"
+    stored = RobotsFile(RULES, "User-agent: *\nDisallow: /x\n", 200, tokens=stored_tokens or [])
+    await redis_client.set(robots_key(origin), stored.to_json(), ex=60)
+    fetches: list[str] = []
+
+    async def fetch(asked: str) -> RobotsFile:
+        fetches.append(asked)
+        return RobotsFile(RULES, "", 200)
+
+    await RobotsCache(redis_client, fetch, TOKEN, extra_tokens=extra).rules(origin)
+    assert len(fetches) == fetched
 
 
-def test_rules_too_long_for_one_group_disallow_everything():
+async def test_rules_too_long_for_one_group_disallow_everything(redis_client):
     huge = "User-agent: CCBot\n" + "".join(f"Disallow: /d{i}/{'x' * 50}\n" for i in range(2000))
-    cache = RobotsCache(None, None, TOKEN, extra_tokens=("CCBot",))  # type: ignore[arg-type]
-    assert cache._condense(RobotsFile(RULES, huge, 200)).verdict == DISALLOW_ALL
+    origin = "http://huge-group.test"
+    await redis_client.delete(robots_key(origin))
+
+    async def fetch(_origin: str) -> RobotsFile:
+        return RobotsFile(RULES, huge, 200)
+
+    rules = await RobotsCache(redis_client, fetch, TOKEN, extra_tokens=("CCBot",)).rules(origin)
+    assert rules.verdict == DISALLOW_ALL
     assert Rules(RobotsFile(DISALLOW_ALL, status=200), TOKEN).refusal(BASE + "/a").signal == SIGNAL_ROBOTS
 
 

@@ -22,7 +22,7 @@ async def test_host_limiter_caps_each_host_and_forgets_idle_ones():
 
     await asyncio.gather(*(request(h) for h in "ab" * 6))
     assert peak == {"a": 2, "b": 2}
-    assert limiter.in_use("a") == 0 and not limiter._semaphores
+    assert limiter.in_use("a") == 0 and limiter.hosts() == 0
 
 
 class Clock:

@@ -146,11 +146,11 @@ async def test_memory_stays_within_its_budget_over_many_hosts(redis_client):
     cache = RobotsCache(redis_client, fetch, TOKEN, memory_bytes=budget)
     for i in range(300):
         await cache.check(f"http://host{i}.example/ok")
-    memory = cache._memory
+    held, nbytes = cache.memory_held()
     one = Rules(RobotsFile(RULES, body), TOKEN).size
-    assert memory.nbytes <= budget and len(memory) == budget // one
-    assert memory.get("http://host299.example:80") is not None  # the latest kept, the oldest gone
-    assert memory.get("http://host0.example:80") is None
+    assert nbytes <= budget and held == budget // one
+    assert cache.remembers("http://host299.example:80")  # the latest kept, the oldest gone
+    assert not cache.remembers("http://host0.example:80")
 
 
 def test_expired_entries_go_when_read_and_on_the_sweep():

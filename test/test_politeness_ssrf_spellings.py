@@ -163,12 +163,12 @@ def test_the_spellings_are_many_and_distinct():
 class FakeNetwork(AbstractResolver):
     """DNS from NAMES, and every TCP connect seen before it is made."""
 
-    def __init__(self, site_port: int, infrastructure: set[tuple[str, int]]):
+    def __init__(self, site_port: int, infrastructure: set[tuple[str, int]], real_connect):
         self.site_port = site_port
         self.infrastructure = infrastructure  # Redis: the test's own, not a crawl
         self.connects: list[tuple[str, int]] = []
         self.lookups: list[tuple[str, str]] = []  # (who, host)
-        self._real_connect = None
+        self._real_connect = real_connect  # the loop's own, before the test replaces it
 
     def answer(self, host: str, who: str) -> list[str]:
         self.lookups.append((who, host))
@@ -231,10 +231,9 @@ async def world(redis_client, redis_url, monkeypatch):
     """A local site behind public.test, the faked network, and the worker's parts built on it."""
     redis_address = urlsplit(redis_url)
     async with Site() as site:
-        net = FakeNetwork(int(site.url.rsplit(":", 1)[1]),
-                          {(redis_address.hostname, redis_address.port)})
         loop = asyncio.get_running_loop()
-        net._real_connect = loop.sock_connect
+        net = FakeNetwork(int(site.url.rsplit(":", 1)[1]),
+                          {(redis_address.hostname, redis_address.port)}, loop.sock_connect)
         monkeypatch.setattr(loop, "sock_connect", net.sock_connect)
         async with aiohttp.ClientSession(
                 connector=build_connector(SETTINGS, resolver=GuardedResolver(net)),

@@ -31,3 +31,7 @@ class HostLimiter:
     def in_use(self, host: str) -> int:
         """Holders and waiters for host (for tests and metrics)."""
         return self._holders.get(host, 0)
+
+    def hosts(self) -> int:
+        """Hosts remembered: only those with a holder or a waiter."""
+        return len(self._semaphores)

@@ -312,6 +312,14 @@ class RobotsCache:
             loading.add_done_callback(lambda _: self._loading.pop(origin, None))
         return await asyncio.shield(loading)
 
+    def memory_held(self) -> tuple[int, int]:
+        """The origins whose rules this process holds, and their bytes (within ``memory_bytes``)."""
+        return len(self._memory), self._memory.nbytes
+
+    def remembers(self, origin: str) -> bool:
+        """Whether ``origin``'s rules are held in this process's memory (unexpired)."""
+        return self._memory.get(origin) is not None
+
     def _compile(self, file: RobotsFile) -> Rules:
         return Rules(file, self._token, self._extra_tokens, self._categories)
 
