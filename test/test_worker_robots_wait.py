@@ -146,6 +146,17 @@ async def test_a_hand_back_kafka_refuses_ends_the_url_in_crawl_errors_and_the_li
     assert feed.committed() == {(first, 0): 1}
 
 
+async def run_wait_line(held: list[Record], redis: FakeRedis) -> tuple[FakeFeed, FakeProducer]:
+    """A wait line over ``held`` for 0.3 s, then stopped: its feed and what it produced."""
+    feed, producer = FakeFeed(held), FakeProducer()
+    line = WaitLine(feed, producer, redis)
+    running = asyncio.create_task(line.run())
+    await asyncio.sleep(0.3)
+    line.stop()
+    await asyncio.wait_for(running, 5)
+    return feed, producer
+
+
 async def test_a_new_owner_of_a_wait_partition_hands_over_only_what_the_last_one_did_not():
     """A URL handed back above the wait partition's commit (one due later is held below it) is
     recorded for the next owner, which does not hand it back a second time after a crash."""
@@ -156,21 +167,11 @@ async def test_a_new_owner_of_a_wait_partition_hands_over_only_what_the_last_one
         return record(first, 0, offset, CrawlRequest("http://h/x", uuid, SOURCE).to_json(not_before=due, due=due))
     redis = FakeRedis()
     held = [waiting("later", 0, now + 600), waiting("a", 1, now - 1), waiting("b", 2, now - 1)]
-    feed, producer = FakeFeed(held), FakeProducer()
-    line = WaitLine(feed, producer, redis)
-    running = asyncio.create_task(line.run())
-    await asyncio.sleep(0.3)
-    line.stop()
-    await asyncio.wait_for(running, 5)
+    feed, producer = await run_wait_line(held, redis)
     assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["a", "b"]
     assert feed.committed().get((first, 0), 0) == 0  # "later" holds the commit
     # The next owner reads it all again from the commit, and hands back only what is due and new.
     again = [waiting("later", 0, now - 1), waiting("a", 1, now - 1), waiting("b", 2, now - 1)]
-    feed, producer = FakeFeed(again), FakeProducer()
-    line = WaitLine(feed, producer, redis)
-    running = asyncio.create_task(line.run())
-    await asyncio.sleep(0.3)
-    line.stop()
-    await asyncio.wait_for(running, 5)
+    feed, producer = await run_wait_line(again, redis)
     assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["later"]
     assert feed.committed()[(first, 0)] == 3

@@ -5,6 +5,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -86,6 +87,20 @@ async def run_until(scheduler: Scheduler, condition, timeout: float = 10.0) -> N
         await runner
 
 
+def peak_tracking(others: float, **seconds: float) -> tuple[Counter[str], Callable[[CrawlRequest], Awaitable[float]]]:
+    """A crawl lasting ``seconds[source]`` (``others`` for the rest), and each source's most at once."""
+    running: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+
+    async def handle(request: CrawlRequest) -> float:
+        running[request.source] += 1
+        peak[request.source] = max(peak[request.source], running[request.source])
+        await asyncio.sleep(seconds.get(request.source, others))
+        running[request.source] -= 1
+        return 0.2
+    return peak, handle
+
+
 async def never_ends(request: CrawlRequest) -> float:
     """A crawl that outlasts the test: its source keeps what it has queued."""
     await asyncio.sleep(60)
@@ -128,14 +143,7 @@ async def test_a_big_source_gets_slots_among_many_one_url_sources_of_the_same_pa
     big source's reservation was scaled to 0 and it ran one task at a time."""
     ones = {f"one{i}": 32.0 for i in range(300)}
     feed = FakeFeed(records("big", 200) + [r for n, s in enumerate(ones) for r in records(s, 1, partition=1 + n)])
-    running, peak = Counter(), Counter()
-
-    async def handle(request: CrawlRequest) -> float:
-        running[request.source] += 1
-        peak[request.source] = max(peak[request.source], running[request.source])
-        await asyncio.sleep(0.2 if request.source == "big" else 2.0)
-        running[request.source] -= 1
-        return 0.2
+    peak, handle = peak_tracking(big=0.2, others=2.0)
 
     scheduler = make(feed, await redis_with({"big": 32.0, **ones}), handle, max_tasks=100)
     await run_until(scheduler, lambda: peak["big"] >= 10, timeout=5.0)
@@ -185,14 +193,7 @@ async def test_offsets_are_committed_only_below_unfinished_tasks() -> None:
 async def test_fast_source_gets_slots_by_need_among_many_slow_ones() -> None:
     slow = {f"slow{i}": 0.5 for i in range(60)}
     feed = FakeFeed(records("fast", 400) + [r for n, s in enumerate(slow) for r in records(s, 3, partition=1 + n)])
-    running, peak = Counter(), Counter()
-
-    async def handle(request: CrawlRequest) -> float:
-        running[request.source] += 1
-        peak[request.source] = max(peak[request.source], running[request.source])
-        await asyncio.sleep(0.2 if request.source == "fast" else 0.5)
-        running[request.source] -= 1
-        return 0.2
+    peak, handle = peak_tracking(fast=0.2, others=0.5)
 
     scheduler = make(feed, await redis_with({"fast": 100.0, **slow}), handle, max_tasks=50)
     loads = []  # what the worker's /metrics reads (worker.metrics), once every source has run
