@@ -19,13 +19,13 @@ from worker.scheduling import scheduler as scheduler_module
 from worker.scheduling.slots import need, reserve
 from worker.constants import (PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_MAX_PER_SOURCE,
                               QUEUE_SECONDS, QUEUE_UNRATED, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
-from worker.intake.feed import Record
+from worker.intake.feed import Batch, Record
 from worker.intake.offsets import PartitionOffsets
 from worker.monitor_view import MonitorView
 from worker.parking.wait_topics import next_turn
 from worker.scheduling import sizing
 from worker.scheduling.lanes import Job, Lane, Lanes, starters
-from worker.scheduling.scheduler import Scheduler
+from worker.scheduling.scheduler import Running, Scheduler
 from worker.fetching.tokens import TokenBuckets
 
 
@@ -668,18 +668,38 @@ def test_a_freed_slot_goes_round_the_lanes_that_can_start(waiting, reserved, fas
 
 async def test_a_crawl_revoked_before_its_first_step_gives_its_slot_back() -> None:
     """A task cancelled before it starts never enters its body: its slot comes back all the same."""
-    scheduler = make(FakeFeed([]), await redis_with({}), never_ends, max_tasks=3)
-    lane = scheduler._lanes.lane("a")
-    lane.queue.extend(Job(URLS_0, n, CrawlRequest(f"http://a.example/{n}.jpg", f"a-{n}", "a")) for n in range(3))
-    scheduler._lanes.waiting["a"] = lane
-    scheduler._assigned.add(URLS_0)
-    lane.reserved = 3
-    scheduler._lanes.reserved["a"] = lane
-    scheduler._dispatch()
-    assert scheduler._total == 3
-    await scheduler._rebalanced([], [URLS_0], {})  # no await between: none has started
-    await asyncio.sleep(0.01)
-    assert (scheduler._total, scheduler._lanes.running, scheduler._tasks, scheduler._crawling) == (0, {}, set(), {})
+    entered: list[str] = []
+    at_revocation: list[Running] = []
+
+    async def crawl(request: CrawlRequest) -> float:
+        entered.append(request.uuid)
+        return await never_ends(request)
+
+    class RevokingFeed(FakeFeed):
+        """Its second poll answers at once with the partition revoked: the loop does not wait
+        between the first batch's starts and the revocation, so no crawl has taken a step."""
+        polls = 0
+
+        async def poll(self, max_records: int, timeout: float) -> Batch:
+            self.polls += 1
+            if self.polls != 2:
+                return await super().poll(max_records, timeout)
+            at_revocation.append(scheduler.running())
+            return Batch(revoked=[URLS_0])
+
+    feed = RevokingFeed(records("a", 3))
+    scheduler = make(feed, await redis_with({}), crawl, max_tasks=4, view=MonitorView(rates={"a": 100.0}))
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(lambda: feed.polls >= 4)
+        await asyncio.sleep(0.01)
+        after = scheduler.running()
+    finally:
+        scheduler.stop()
+        await runner
+    assert at_revocation == [Running(tasks=3, on_slots=3, by_source={"a": 3}, by_partition={URLS_0: 3})]
+    assert entered == []  # none had started
+    assert after == Running(tasks=0, on_slots=0, by_source={}, by_partition={})
 
 
 async def test_a_new_owner_skips_what_the_last_one_finished_above_its_commit() -> None:

@@ -28,6 +28,7 @@ import inspect
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from common.cancel import cancel_and_wait
 from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_WORKER_PARTITIONS,
@@ -52,6 +53,15 @@ from worker.scheduling.slots import need, reserve
 from worker.scheduling.slow_starts import Admission
 
 Handle = Callable[[CrawlRequest], Awaitable[float]]
+
+
+@dataclass(frozen=True)
+class Running:
+    """What runs here at one instant, as counts (``Scheduler.running``)."""
+    tasks: int                   # every task: crawls, parks, rejections
+    on_slots: int                # crawls holding a slot
+    by_source: dict[str, int]    # source -> its crawls, for the sources with any
+    by_partition: dict[TP, int]  # partition -> its crawls, for the partitions with any
 
 
 class Scheduler:
@@ -118,6 +128,12 @@ class Scheduler:
     def held(self) -> int:
         """URLs held here, queued or being parked: what MAX_QUEUED_URLS bounds."""
         return self._queued + self._parking
+
+    def running(self) -> Running:
+        """The tasks running here, read-only: a slot taken is a crawl counted in each of them."""
+        return Running(tasks=len(self._tasks), on_slots=self._total,
+                       by_source={source: lane.running for source, lane in self._lanes.running.items()},
+                       by_partition={tp: len(crawls) for tp, crawls in self._crawling.items()})
 
     def load(self) -> metrics.SchedulerLoad:
         """Tasks waiting and running, and slots, by slot class: for the worker's /metrics."""
