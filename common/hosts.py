@@ -144,3 +144,14 @@ def _url_origin(url: str) -> Origin:
 
 
 _cached_url_origin = lru_cache(maxsize=ORIGIN_CACHE_URLS)(_url_origin)
+
+
+def origin_cache_info() -> tuple[int, int, int | None, int]:
+    """The origins kept by ``url_origin``: hits, misses, most held, held now."""
+    info = _cached_url_origin.cache_info()
+    return info.hits, info.misses, info.maxsize, info.currsize
+
+
+def forget_origins() -> None:
+    """``url_origin`` keeps no origin: the next ask of each URL is a miss."""
+    _cached_url_origin.cache_clear()

@@ -5,8 +5,8 @@ import pytest
 from yarl import URL
 
 from common.contracts import InvalidMessage, parse_crawl_request
-from common.hosts import (ORIGIN_CACHE_MAX_URL_CHARS, ORIGIN_CACHE_URLS, InvalidHost, _cached_url_origin,
-                          normalise_host, url_origin)
+from common.hosts import (ORIGIN_CACHE_MAX_URL_CHARS, ORIGIN_CACHE_URLS, InvalidHost, forget_origins,
+                          normalise_host, origin_cache_info, url_origin)
 
 
 @pytest.mark.parametrize("host, normalised", [
@@ -55,10 +55,10 @@ def test_urls_whose_host_is_ambiguous_or_missing_are_refused(url):
 
 def test_only_the_origins_of_urls_under_the_size_limit_are_kept():
     short, long = "http://a.example/x", "http://b.example/" + "x" * ORIGIN_CACHE_MAX_URL_CHARS
-    _cached_url_origin.cache_clear()
+    forget_origins()
     for url, host in ((long, "b.example"), (short, "a.example"), (long, "b.example"), (short, "a.example")):
         assert url_origin(url).host == host
-    assert _cached_url_origin.cache_info()[:4] == (1, 1, ORIGIN_CACHE_URLS, 1)  # hits, misses, size, held
+    assert origin_cache_info() == (1, 1, ORIGIN_CACHE_URLS, 1)  # hits, misses, size, held
 
 
 def test_the_splitter_rejects_a_host_no_layer_may_read():

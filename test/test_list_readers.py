@@ -77,7 +77,7 @@ def test_a_broken_jsonl_line_is_a_bad_row_and_the_rest_is_read(tmp_path: Path) -
 
 
 def test_a_json_array_is_read_an_element_at_a_time(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(readers, "_JSON_CHUNK", 7)  # every element straddles a read
+    monkeypatch.setattr(readers, "JSON_CHUNK", 7)  # every element straddles a read
     path = tmp_path / "list.json"
     records = [{"url": f"https://a.example/{n}.jpg", "n": 123456789 * n} for n in range(1, 40)]
     path.write_text(json.dumps(records))

@@ -46,7 +46,7 @@ class RawServer:
         self._handler = handler
         self.accepts = 0
         self._tasks: set[asyncio.Task] = set()
-        self._writers: list[asyncio.StreamWriter] = []
+        self.writers: list[asyncio.StreamWriter] = []  # every connection it accepted
 
     async def start(self) -> RawServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -59,7 +59,7 @@ class RawServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepts += 1
         self._tasks.add(asyncio.current_task())
-        self._writers.append(writer)
+        self.writers.append(writer)
         try:
             await self._handler(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -71,7 +71,7 @@ class RawServer:
 
     async def close(self) -> None:
         self._server.close()
-        for writer in self._writers:
+        for writer in self.writers:
             writer.close()
         for task in self._tasks:
             task.cancel()
@@ -249,7 +249,7 @@ async def test_idle_connections_are_closed_by_a_timer_without_further_traffic(se
     assert (await fetch(client, server.url()))[1] == b"body"
     assert client.idle_connections == 1
     await asyncio.sleep(0.6)
-    assert client.idle_connections == 0 and all(w.is_closing() or w.transport.is_closing() for w in server._writers)
+    assert client.idle_connections == 0 and all(w.is_closing() or w.transport.is_closing() for w in server.writers)
 
 
 # --- 3. stale connections --------------------------------------------------------

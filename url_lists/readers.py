@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 FORMATS = ("txt", "csv", "tsv", "json", "jsonl", "parquet")
 BATCH_ROWS = 10_000
-_JSON_CHUNK = 1 << 20
+JSON_CHUNK = 1 << 20  # characters a JSON array is read by
 
 
 class BadFile(Exception):
@@ -213,7 +213,7 @@ def _json_array(text: IO[str], columns: Columns, path: str) -> Iterator[Row]:
 
     def fill() -> bool:
         nonlocal buffer, at, ended
-        chunk = text.read(_JSON_CHUNK)
+        chunk = text.read(JSON_CHUNK)
         buffer, at, ended = buffer[at:] + chunk, 0, not chunk
         return bool(chunk)
 
