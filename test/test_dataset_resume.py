@@ -104,7 +104,7 @@ def snapshots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> tupl
 
     monkeypatch.setattr(collector_module, "SYNC_INTERVAL", 0.0)
     monkeypatch.setattr(Journal, "sync", around("journal-sync", Journal.sync))
-    monkeypatch.setattr(Collector, "_save_offsets", around("offsets", Collector._save_offsets))
+    monkeypatch.setattr(Collector, "save_offsets", around("offsets", Collector.save_offsets))
     monkeypatch.setattr(writers, "publish", around("rename", writers.publish))
     run_to_end(new_collector(folder, outcomes, thumbnails, fmt), shards)
     monkeypatch.undo()

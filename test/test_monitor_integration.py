@@ -133,10 +133,11 @@ import os, sys, threading
 from common.settings import Settings
 from crawl_monitor import splitter
 
-def crash_instead_of_committing(self, offsets):
-    os._exit(9)  # the broker has acknowledged the batch; the commit never happens
+class CrashingConsumer(splitter.Consumer):
+    def commit(self, *args, **kwargs):
+        os._exit(9)  # the broker has acknowledged the batch; the commit never happens
 
-splitter.Splitter._commit = crash_instead_of_committing
+splitter.Consumer = CrashingConsumer
 settings = Settings(redis_url=sys.argv[1], kafka_hosts=sys.argv[2])
 splitter.connect(settings, inbound_topic=sys.argv[3], group=sys.argv[4]).run(threading.Event())
 """

@@ -261,7 +261,8 @@ class Collector:
         except FileNotFoundError:
             return time.time() - START_MARGIN
 
-    def _save_offsets(self, offsets: dict[str, int]) -> None:
+    def save_offsets(self, offsets: dict[str, int]) -> None:
+        """Per partition, where a resumed run reads from: written whole, then renamed into place."""
         path = self._state_path()
         temporary = temporary_name(path)
         with temporary.open("w") as out:
@@ -319,7 +320,7 @@ class Collector:
             starts = await loop.run_in_executor(kafka_thread, source.start, saved, self._run_started())
             self._next.update(starts)
             if starts != saved:
-                await loop.run_in_executor(self._disk, self._save_offsets, dict(starts))
+                await loop.run_in_executor(self._disk, self.save_offsets, dict(starts))
             limits_task = asyncio.create_task(self._watch_limits(limits, stop))
             try:
                 await self._collect(source, kafka_thread, stop)
@@ -543,7 +544,7 @@ class Collector:
             if pending is not None:
                 pending.pop(offset, None)
         if self._next:  # not before the reading started: the saved offsets stay as they are
-            await loop.run_in_executor(self._disk, self._save_offsets, self._safe_offsets())
+            await loop.run_in_executor(self._disk, self.save_offsets, self._safe_offsets())
 
     async def _watch_limits(self, limits: LimitSource, stop: threading.Event) -> None:
         while not stop.is_set():
