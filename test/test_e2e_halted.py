@@ -26,6 +26,8 @@ from test.kafka_locate import locate
 from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a Kafka per crawl
 from test.test_e2e_crawl import assert_outcomes, fail_if_dead, outcome_report
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 HELD_URLS = 20_000  # the number: `pytest -m slow test/test_e2e_halted.py` (~4 min)
 SUITE_HELD_URLS = 2_000  # in make test, within the suite's 20 minutes
 HELD_RATE_AFTER_RESUME = 1000.0  # the operator's override on resume: the test's length, not the point

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from aiobotocore.session import get_session
 from confluent_kafka import Producer
 
@@ -29,6 +30,8 @@ from test.hostile_ids import hostile_identifiers
 from test.test_monitor_fakes import FakeMessage
 from test.test_worker_thumbnails import s3_settings
 from worker.imaging.thumbnails import s3_thumbnails
+
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
 OTHER_BUCKET = "other"  # the bucket "../../other/owned" aims at
 KEY_ALPHABET = re.compile(r"[A-Za-z0-9._~!-]+\.jpg")

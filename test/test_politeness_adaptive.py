@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+import pytest
 import redis
 from PIL import Image
 
@@ -27,6 +28,8 @@ from demo.crawl import crawl
 from demo.simweb import IMAGE, Planned, SimWeb, SiteSpec, image_count_for_rate, spec_rate
 from demo.outcomes import QUALITY
 from test.test_e2e_crawl import crawl_env, fail_if_dead  # noqa: F401 - crawl_env is a fixture
+
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
 WORKERS = 3
 SERVICE_SECONDS, SLOTS, LIMIT = 0.2, 2, 40.0

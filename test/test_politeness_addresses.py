@@ -13,6 +13,8 @@ from worker.politeness import Refused
 from worker.politeness.addresses import (AddressGuard, GuardedResolver, build_connector,
                                          is_forbidden)
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 FORBIDDEN = [
     "127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
     "100.64.0.1", "0.0.0.0", "224.0.0.1", "240.0.0.1", "255.255.255.255", "192.0.2.1",

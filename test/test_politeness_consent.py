@@ -24,6 +24,8 @@ from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, RULES, UNAVAILABL
 from worker.politeness.tdmrep import (MAX_FILE_BYTES, TDMREP_PATH, TdmRepCache, TdmRules, condensed_rules,
                                       fetch_tdmrep)
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 TOKEN = "polite-test-bot"
 OPEN = AddressGuard(enabled=False)
 BASE = "http://example.org"

@@ -25,6 +25,8 @@ from demo.simweb import SimWeb, spec_rate
 from test.test_e2e_crawl import crawl_env, fail_if_dead  # noqa: F401 - crawl_env is a fixture
 from test.test_politeness_adaptive import served_after, site
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 WORKERS = 3
 SERVICE_SECONDS, SLOTS, CEILING = 0.1, 3, 40.0
 SETTLE_SECONDS, MEASURE_SECONDS = 30.0, 30.0

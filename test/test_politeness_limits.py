@@ -9,6 +9,8 @@ from common.contracts import crawl_delay_key
 from worker.politeness.crawl_delay import LEASE_SECONDS, CrawlDelay
 from worker.politeness.host_limits import HostLimiter
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 
 async def test_host_limiter_caps_each_host_and_forgets_idle_ones():
     limiter, peak, running = HostLimiter(2), {"a": 0, "b": 0}, {"a": 0, "b": 0}

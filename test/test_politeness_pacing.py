@@ -17,6 +17,8 @@ from common.contracts import allowed_per_second
 from demo.simweb import SimWeb, SiteSpec, busiest_second
 from test.sites import run_racing
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 PROCESSES = 3
 SECONDS = 14.0
 LATENCY = 0.02

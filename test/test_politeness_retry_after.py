@@ -7,6 +7,8 @@ from common.contracts import retry_after_key, tokens_key
 from worker.politeness.retry_after import (DEFAULT_PAUSE_SECONDS, MAX_PAUSE_SECONDS,
                                            extend_pause, parse_retry_after, pause_seconds)
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 NOW = 1_700_000_000.0  # Tue, 14 Nov 2023 22:13:20 GMT
 
 

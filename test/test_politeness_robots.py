@@ -15,6 +15,8 @@ from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, MAX_BYTES, RULES,
                                       UNAVAILABLE, Backoff, RobotsCache, RobotsFile, Rules,
                                       fetch_robots, origin_of, product_token)
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 TOKEN = "polite-test-bot"
 OPEN = AddressGuard(enabled=False)
 

@@ -13,6 +13,8 @@ from worker.politeness.robots import (DISALLOW_ALL, RULES, RobotsCache, RobotsFi
 from worker.politeness.robots_group import MAX_GROUP_BYTES, GroupTooLarge, our_group
 from worker.politeness.ttl_cache import TtlCache
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 TOKEN = "polite-test-bot"
 AGENTS = ["*", "polite-test-bot", "Polite-Test-Bot", "polite", "test-bot", "polite-test-botty",
           "googlebot", "*bot*", "polite-test-bot/2.0", "other"]

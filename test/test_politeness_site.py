@@ -16,6 +16,8 @@ from worker.politeness.addresses import system_resolve
 from worker.politeness.gate import build_gate
 from worker.politeness.tdmrep import TDMREP_PATH
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 
 
 def settings(redis_url: str, **overrides) -> Settings:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from common.settings import DEFAULT_USER_AGENT, Settings
 from demo.crawl import crawl
 from demo.simweb import RULES_PATHS, SimWeb, spec_rate
 from test.test_e2e_crawl import crawl_env, fail_if_dead  # noqa: F401 - crawl_env is a fixture
 from test.test_politeness_adaptive import site
+
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
 WORKERS = 3
 LATENCY = 0.03

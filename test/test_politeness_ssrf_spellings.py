@@ -38,6 +38,8 @@ from worker.politeness.tdmrep import TDMREP_PATH, fetch_tdmrep
 from worker.politeness.robots import ALLOW_ALL, DISALLOW_ALL, UNAVAILABLE, fetch_robots, origin_of
 from worker.fetching.tokens import TokenBuckets
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 PUBLIC_IP = "93.184.216.34"  # public.test; connects to it are diverted to the local site
 REBIND = "rebind.test"       # public to the guard's lookup, loopback to the connecting layers'
 NAMES = {

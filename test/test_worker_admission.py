@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from common.contracts import URLS_TOPIC, CrawlRequest
 from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until, until
 from test.worker_fakes import FakeFeed, FakeProducer
@@ -15,6 +16,8 @@ from worker.scheduling import sizing
 from worker.scheduling.slow_starts import Admission
 from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_SHARE,
                               SLOW_STARTS_DECREASE, SLOW_STARTS_FLOOR)
+
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
 
 class Clock:

@@ -25,6 +25,8 @@ from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_P
 from worker.fetching.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 from worker.monitor_view import MonitorView
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 SOURCE = "example"
 BODY = b"\x89PNG" + b"x" * 1000
 USER_AGENT = "cc-image-crawler/1.0 (+https://example.org/bot)"

@@ -28,6 +28,8 @@ from worker.scheduling.lanes import Job, Lane, Lanes, starters
 from worker.scheduling.scheduler import Running, Scheduler
 from worker.fetching.tokens import TokenBuckets
 
+pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
+
 
 URLS_0 = (URLS_TOPIC, 0)
 
