@@ -17,12 +17,13 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_SLOW_START_FIELD,
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker.scheduling import scheduler as scheduler_module
 from worker.scheduling.slots import need, reserve
-from worker.constants import (PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, QUEUE_MAX_PER_SOURCE,
-                              QUEUE_SECONDS, QUEUE_UNRATED, THROUGHPUT_SMOOTHING, THROUGHPUT_WARMUP_SECONDS)
+from worker.constants import (PARK_DEFAULT_SECONDS, PARK_RETURN_LEAD_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS,
+                              QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED, THROUGHPUT_SMOOTHING,
+                              THROUGHPUT_WARMUP_SECONDS)
 from worker.intake.feed import Batch, Record
 from worker.intake.offsets import PartitionOffsets
 from worker.monitor_view import MonitorView
-from worker.parking.wait_topics import next_turn
+from worker.parking.wait_topics import ahead_of_turn, next_turn
 from worker.scheduling import sizing
 from worker.scheduling.lanes import Job, Lane, Lanes, starters
 from worker.scheduling.scheduler import Running, Scheduler
@@ -593,6 +594,18 @@ def test_a_parked_url_comes_back_at_its_turn(rate, pace, queued, last_turn, know
     not_before, latest = next_turn(NOW, rate, pace, queued, last_turn, rate_known=known, judged=judged,
                                    temp_halted=temp_halted)
     assert (not_before, latest) == (pytest.approx(turn[0]), turn[1])
+
+
+def test_a_parked_url_is_written_to_come_back_ahead_of_its_turn() -> None:
+    """Written with its turn itself, a parked URL reached its source's queue 0.05-0.85 s after the
+    queue ran dry (the wait line's poll, the read of urls), and the source sent nothing meanwhile
+    (test_e2e_halted: 0.46-0.73 s idle a source, docs/lab-notes/2026-11-28-share-below-grant.md)."""
+    assert ahead_of_turn(NOW + 5.1, NOW) == pytest.approx(NOW + 5.1 - PARK_RETURN_LEAD_SECONDS)
+    assert ahead_of_turn(NOW + 0.2, NOW) == NOW  # never in the past: a turn that close goes back at once
+    turns = [next_turn(NOW, 10.0, 10.0, 50, NOW + k / 10.0, rate_known=True, judged=True, temp_halted=False)[0]
+             for k in range(50, 60)]
+    written = [ahead_of_turn(turn, NOW) for turn in turns]
+    assert [round(b - a, 6) for a, b in zip(written, written[1:], strict=False)] == [0.1] * 9  # still 1/rate apart
 
 
 def test_what_a_source_achieved_places_its_urls_one_turn_ahead_at_most() -> None:

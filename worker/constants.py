@@ -53,6 +53,10 @@ WAIT_HELD_PER_PARTITION = 500      # records of a wait partition held at most, a
 PARK_DEFAULT_SECONDS = 30.0        # wait of a URL whose source is paused (rate 0) or temporarily halted
 PARK_UNJUDGED_SECONDS = 5.0        # wait of a URL whose source the monitor has not judged yet
 PARK_TRUST_SECONDS = WAIT_TIER_SECONDS[0]  # how far ahead a source held below its pace is placed
+# A URL parked for its source's turn is written to come back this much before it: the wait line hands
+# it over up to WAIT_POLL_SECONDS late, and it reaches a queue through urls up to ~0.35 s after that
+# (docs/decisions.md, "Pacing: a parked URL comes back ahead of its turn"); on time, its queue ran dry meanwhile.
+PARK_RETURN_LEAD_SECONDS = 1.0
 HALTED_RESCAN_SECONDS = 600.0      # the halted line reads urls_halted at least this often
 HALTED_RESUME_GRACE_SECONDS = 20.0  # after a resume, it scans again for this long (others see it later)...
 HALTED_RESUME_RESCAN_SECONDS = 5.0  # ... this often

@@ -23,7 +23,8 @@ import json
 from typing import Any
 
 from common.contracts import WAIT_TOPICS, CrawlRequest
-from worker.constants import PARK_DEFAULT_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS, WAIT_TIER_SECONDS
+from worker.constants import (PARK_DEFAULT_SECONDS, PARK_RETURN_LEAD_SECONDS, PARK_TRUST_SECONDS, PARK_UNJUDGED_SECONDS,
+                              WAIT_TIER_SECONDS)
 
 
 def next_turn(now: float, rate: float, pace: float, queued: int, last_turn: float, *, rate_known: bool,
@@ -45,6 +46,13 @@ def next_turn(now: float, rate: float, pace: float, queued: int, last_turn: floa
     if rate < pace and not_before > now + PARK_TRUST_SECONDS:
         return now + PARK_TRUST_SECONDS, False
     return not_before, True
+
+
+def ahead_of_turn(turn: float, now: float) -> float:
+    """The ``not_before`` a URL whose turn is ``turn`` is written with: PARK_RETURN_LEAD_SECONDS
+    earlier (never before ``now``), so that its way back into a queue (the wait line's poll, the
+    read of ``urls``) ends before its turn, not after it."""
+    return max(now, turn - PARK_RETURN_LEAD_SECONDS)
 
 
 def wait_message(request: CrawlRequest, not_before: float, now: float,

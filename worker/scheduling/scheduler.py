@@ -46,7 +46,7 @@ from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
 from worker.monitor_view import MonitorView
 from worker.parking.hand_over import hand_on, reject
-from worker.parking.wait_topics import next_turn, parked_message, wait_message
+from worker.parking.wait_topics import ahead_of_turn, next_turn, parked_message, wait_message
 from worker.scheduling import sizing
 from worker.scheduling.lanes import Job, Lane, Lanes, starters
 from worker.scheduling.slots import need, reserve
@@ -286,8 +286,9 @@ class Scheduler:
             not_before, latest = next_turn(now, rate, pace, len(lane.queue), lane.last_turn,
                                            rate_known=view.rate(source) is not None, judged=view.judged(source),
                                            temp_halted=source in view.temp_halted)
-            if latest:
+            if latest:  # the next one is placed after its turn; it is written to come back ahead of it
                 lane.last_turn = not_before
+                not_before = ahead_of_turn(not_before, now)
             topic, value = wait_message(job.request, not_before, now, job.tp[1])
             metrics.parked(metrics.PARKED_TO_WAIT)
         self._parking += 1
