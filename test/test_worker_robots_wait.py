@@ -51,7 +51,8 @@ async def test_a_wait_comes_back_at_the_give_up_time_if_that_is_sooner():
 def test_waits_take_the_longest_turn_they_cover():
     request = CrawlRequest("http://h/x", "u", SOURCE, robots_wait_since=1000.0)
     now = 10_000.0
-    for wait, topic, turn in [(5, 0, 5), (30, 0, 30), (299, 0, 30), (300, 1, 300), (3599, 1, 300),
+    for wait, topic, turn in [(5, 0, 5), (30, 0, 30), (45, 0, 45), (59.9, 0, 59.9), (60, 0, 30), (299, 0, 30),
+                              (300, 1, 300), (3599, 1, 300),
                               (3600, 2, 3600), (86_400, 2, 3600)]:
         name, value = wait_message(request, now + wait, now)
         assert (name, wait_times(value)) == (WAIT_TOPICS[topic], (now + turn, now + wait)), wait

@@ -2,7 +2,7 @@
 which writes them).
 
 A partition of a wait topic mixes sources whose turns come in a different order
-than they were written (a 30 s turn ends early at its URL's time), so the line
+than they were written (a turn of the 30 s line ends at its URL's time when that is under 60 s away), so the line
 holds up to WAIT_HELD_PER_PARTITION records of each partition and hands over
 whichever is due, not only the first: a URL due later never holds back one due
 sooner behind it. Each partition's commit stays at its lowest record

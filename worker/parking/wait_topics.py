@@ -11,8 +11,8 @@ back to ``urls`` once due.
 
 Kafka cannot deliver a message later, so each wait topic holds waits of one
 length (30 s, 5 min, 1 h; a longer wait takes several turns): its messages
-fall due about in the order they were written (a 30 s turn ends early at its
-URL's time, so the line holds up to WAIT_HELD_PER_PARTITION records of a
+fall due about in the order they were written (a turn of the 30 s line ends at its
+URL's time when that is under 60 s away, so the line holds up to WAIT_HELD_PER_PARTITION records of a
 partition and hands over whichever is due). Nothing is committed before it
 has been handed on, so a crash or a rebalance repeats a hand-over, never
 loses one.
@@ -64,10 +64,15 @@ def wait_message(request: CrawlRequest, not_before: float, now: float,
     for i, seconds in enumerate(WAIT_TIER_SECONDS):
         if remaining >= seconds:
             tier = i
-    # A turn of the shortest line may end early (when it is due); longer ones last their length,
-    # so each topic's messages fall due in the order they were written.
+    # A turn of the shortest line ends at the URL's time if that is within two of its turns (no
+    # wait ends on a sliver of a turn written behind the line's others: docs/decisions.md,
+    # "Admission by need"); longer ones last their length, so each topic's messages fall due in
+    # the order they were written.
     length = WAIT_TIER_SECONDS[tier]
-    due = now + (min(max(remaining, 0.0), length) if tier == 0 else length)
+    if tier == 0:
+        due = now + (max(remaining, 0.0) if remaining < 2 * length else length)
+    else:
+        due = now + length
     return WAIT_TOPICS[tier], request.to_json(not_before=not_before, due=due, **_place(partition))
 
 
