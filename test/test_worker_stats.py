@@ -75,3 +75,31 @@ async def test_a_retried_url_counts_one_error_in_the_breakers_minute(redis_clien
     assert await redis_client.lrange(contracts.last_50_key("twice"), 0, -1) == [
         "500", "500", "Timeout", "200", "UnidentifiedImageError"]
     assert await redis_client.get(contracts.errors_key("twice", "500")) == "2"
+
+
+async def test_an_answer_counts_its_bin_and_expires_its_bucket_once(redis_client) -> None:
+    """Stats.answered: one script call, the same keys the pipeline it replaced left; a key of the
+    wrong type is refused as the pipeline's first error was (the task ends the URL: RedisRefused)."""
+    from common.redis_client import refuses_the_value
+    stats = Stats(redis_client)
+    for _ in range(3):  # within one bucket, as a rule: the test retries across a bucket's edge
+        started = bucket_start(time.time())
+        await stats.answered("answers", 0.03)
+        await stats.answered("answers", 0.2)
+        if bucket_start(time.time()) == started:
+            break
+    bucket = contracts.response_times_key("answers", started)
+    assert await redis_client.hgetall(bucket) == {str(bin_of(0.03)): "1", str(bin_of(0.2)): "1"}
+    assert 0 < await redis_client.ttl(bucket) <= RESPONSE_BUCKET_TTL_SECONDS
+    await redis_client.persist(bucket)
+    await stats.answered("answers", 0.03)
+    if bucket_start(time.time()) == started:  # its expiry was set by the first answer of the bucket only
+        assert await redis_client.ttl(bucket) == -1
+    wrong = contracts.response_times_key("wrong", bucket_start(time.time()))
+    await redis_client.set(wrong, "an operator's typo")
+    try:
+        await Stats(redis_client).answered("wrong", 0.03)
+    except Exception as exc:  # noqa: BLE001 - which one is the assertion
+        assert refuses_the_value(exc), repr(exc)
+    else:
+        raise AssertionError("a key of the wrong type was not refused")

@@ -40,12 +40,14 @@ class FakeRedis:
         return True
 
     def register_script(self, script: str):
-        """The worker's scripts (tokens.PACED_DECR, stats.RECORD), run in Python on the same keys."""
-        from worker.outcomes.stats import RECORD
+        """The worker's scripts (tokens.PACED_DECR, stats.RECORD and ANSWERED), run in Python on the same keys."""
+        from worker.outcomes.stats import ANSWERED, RECORD
         from worker.fetching.tokens import PACED_DECR
         if script == RECORD:
             return self._record
-        assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR and stats record"
+        if script == ANSWERED:
+            return self._answered
+        assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR and stats scripts"
 
         async def paced_decr(keys: list[str], args: list[str]) -> list:
             pace, bucket, requests, log = keys
@@ -70,6 +72,15 @@ class FakeRedis:
                     del sent[length:]
             return [0, left, str(max(0.0, ready(due) - now))]
         return paced_decr
+
+    async def _answered(self, keys: list[str], args: list) -> int:
+        """stats.ANSWERED's commands, through the fake pipeline."""
+        pipe = FakePipeline(self)
+        pipe.hincrby(keys[0], args[0], 1)
+        if str(args[1]) != "0":
+            pipe.expire(keys[0], int(args[1]))
+        await pipe.execute()
+        return 0
 
     async def _record(self, keys: list[str], args: list) -> list:
         """stats.RECORD's commands, through the fake pipeline."""

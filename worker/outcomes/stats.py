@@ -1,6 +1,6 @@
 """Per-outcome statistics in Redis (SPEC.md §2), read by the monitor's breakers and dashboards.
 
-Each outcome is one pipeline (one round trip). The breaker's one-minute window
+Each outcome is one script call (one round trip). The breaker's one-minute window
 (``status60s``) is a sorted set scored by wall-clock Unix seconds, because every
 worker host writes it; members carry a random suffix so two identical statuses in
 one instant both count. A URL counts one error there at most: a retried URL's failure
@@ -28,8 +28,8 @@ that goes quiet leaves only its counters behind (SPEC.md §2). The breaker trims
 too (the count windows' old buckets, once a minute), so nothing it reads changes.
 
 The commands of one outcome travel as one script call (``RECORD``), not a pipeline of
-ten: redis-py packs and parses each command of a pipeline in Python (docs/decisions.md,
-"Per-image CPU and the servers' share"). Each
+ten, and so do a response time's two (``ANSWERED``): redis-py packs and parses each command
+of a pipeline in Python (docs/decisions.md, "Per-image CPU and the servers' share"). Each
 command still runs on its own (``pcall``): one that fails (a key of the wrong type, left
 by an operator) is reported and the others count, as in a pipeline.
 """
@@ -114,10 +114,24 @@ return errors
 """
 
 
+# A response's time counted as it comes. KEYS: the response bucket; ARGV: 1 its bin, 2 its expiry
+# (0: already set). Both commands run (``pcall``) and the first error is the reply, as a pipeline of
+# the two raises its first.
+ANSWERED = """
+local counted = redis.pcall('HINCRBY', KEYS[1], ARGV[1], 1)
+local expiring = 0
+if ARGV[2] ~= '0' then expiring = redis.pcall('EXPIRE', KEYS[1], ARGV[2]) end
+if type(counted) == 'table' and counted.err then return counted end
+if type(expiring) == 'table' and expiring.err then return expiring end
+return 0
+"""
+
+
 class Stats:
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._record = redis.register_script(RECORD)
+        self._answered = redis.register_script(ANSWERED)
         self._next_trim: dict[str, float] = {}  # source -> wall-clock time its windows are trimmed next
         self._expiring: dict[str, int] = {}     # source -> the response bucket whose expiry is set
         self._next_forget = 0.0
@@ -136,13 +150,11 @@ class Stats:
         """Count a response's time to first byte in the bucket it came in; its outcome is recorded
         later with ``ttfb=None``."""
         bucket = bucket_start(time.time())
-        key = response_times_key(source, bucket)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hincrby(key, str(bin_of(ttfb)), 1)
+        expiry = 0
         if self._expiring.get(source) != bucket:
             self._expiring[source] = bucket
-            pipe.expire(key, RESPONSE_BUCKET_TTL_SECONDS)
-        await pipe.execute()
+            expiry = RESPONSE_BUCKET_TTL_SECONDS
+        await self._answered(keys=[response_times_key(source, bucket)], args=[str(bin_of(ttfb)), expiry])
 
     async def record(self, source: str, status: str, success: bool, windows: bool = True,
                      ttfb: float | None = None, *, terminal: bool, retried: bool = False,
