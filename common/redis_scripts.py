@@ -4,10 +4,11 @@ A worker calls a script per request (its token, ``worker.fetching.tokens``) and 
 stats, ``worker.outcomes.stats``). Through redis-py each call costs the worker's CPU in layers
 (checking a connection out of the pool and its health, the retry wrapper, the packing and
 parsing; docs/decisions.md, "Per-image CPU and the servers' share"). Here every
-task's ``EVALSHA`` is written at once to one connection and its reply matched to it in
-order (Redis answers a connection's commands in the order they came), parsed by hiredis:
-59-211 us a call against redis-py's 240-393 (``docs/decisions.md``, "Per-image CPU and the
-servers' share": "scripts over one pipelined connection").
+task's ``EVALSHA`` is written to one connection (those of one turn of the event loop in one
+write: the write's system call was most of a call's CPU) and its reply matched to it in order
+(Redis answers a connection's commands in the order they came), parsed by hiredis: 59-211 us
+a call against redis-py's 240-393 (``docs/decisions.md``, "Per-image CPU and the servers' share":
+"scripts over one pipelined connection"; the one write a turn: "The worker loop's CPU").
 
 The connection is made from the client's own pool settings (address, TLS, credentials,
 database), so a ``REDIS_URL`` means the same here as everywhere else. Replies and errors
@@ -121,6 +122,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, encoding: str | None, errors: str):
         self._reader = hiredis.Reader(encoding=encoding, errors=errors) if encoding else hiredis.Reader()
         self._waiting: deque[asyncio.Future] = deque()
+        self._outgoing: list[bytes] = []  # requests of this turn of the event loop, written at its end
         self._transport: asyncio.Transport | None = None
         self.lost = False
 
@@ -131,10 +133,19 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes) -> asyncio.Future:
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection to Redis lost")
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._waiting.append(future)
-        self._transport.write(request)
+        if not self._outgoing:
+            loop.call_soon(self._flush)
+        self._outgoing.append(request)
         return future
+
+    def _flush(self) -> None:
+        """The requests sent since the last flush, in order, in one write (one system call)."""
+        outgoing, self._outgoing = self._outgoing, []
+        if outgoing and not self.lost and self._transport is not None:
+            self._transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -161,6 +172,7 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, error: RedisError) -> None:
         self.lost = True
+        self._outgoing = []
         while self._waiting:
             future = self._waiting.popleft()
             if not future.done():
