@@ -71,8 +71,8 @@ INTERNAL_TOPICS = (INBOUND_TOPIC, URLS_TOPIC, *WAIT_TOPICS, HALTED_URLS_TOPIC)
 DEADLINE, DEADLINE_PACE = 300.0, 100.0  # s after the URLs are produced; URLs a second, for bigger runs
 LATENCY = 0.2
 SHARE_WINDOW = (10.0, 70.0)  # seconds after the fast source's first request
-RAMP_WINDOW = (10.0, 50.0)  # issue 44: the 40 s after its ramp (its slow start), from its first request
-PRODUCED_WINDOW = (20.0, 60.0)  # issue 44: from 20 s after the URLs were produced
+RAMP_WINDOW = (10.0, 50.0)  # the 40 s after its ramp (its slow start), from its first request
+PRODUCED_WINDOW = (20.0, 60.0)  # from 20 s after the URLs were produced
 EVENTS_COUNTED = {EVENT_INFRA_RETRY, EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_SUBSCRIBED, EVENT_WORKER_PARTITIONS,
                   EVENT_MONITOR_COMPONENT_ERROR, EVENT_KAFKA_CLIENT_ERROR, EVENT_WORKER_TOKENS_FORFEITED,
                   EVENT_WORKER_SLOW_SOURCES_HELD}
