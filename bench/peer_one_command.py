@@ -36,6 +36,7 @@ from devstack.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE_SIZE = 500_000_000
+BUSY_BIN = 10.0  # seconds per figure of the cores-busy profile
 SERVER_SETTINGS = ("KAFKA_HOSTS", "REDIS_URL", "S3_ENDPOINT_URL", "S3_BUCKET", "SOURCES_URL")
 
 
@@ -47,6 +48,8 @@ class OneCommand:
     cpu: float
     split: dict[str, float]  # process kind -> CPU seconds, sampled from /proc
     load: float  # the 1-minute load average at the end
+    requests: tuple[float, float]  # seconds from the command's start to the sites' first and last request
+    busy: list[float]  # cores busy under the command, each BUSY_BIN seconds from its start
 
     @property
     def rate(self) -> float:
@@ -108,6 +111,8 @@ class KindSampler:
 
     def __init__(self, pid: int):
         self.pid, self._last, self._kinds = pid, {}, {}  # type: ignore[var-annotated]
+        self._started = time.monotonic()
+        self._totals: list[tuple[float, float]] = []  # (seconds since start, the tree's CPU seconds so far)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -119,6 +124,16 @@ class KindSampler:
                     self._last[member] = stat_cpu(Path(f"/proc/{member}/stat"))
                     if self._kinds.get(member, "other") == "other":  # read again: it may not have exec'd yet
                         self._kinds[member] = "command" if member == self.pid else process_kind(member)
+            self._totals.append((time.monotonic() - self._started, sum(self._last.values())))
+
+    def busy(self) -> list[float]:
+        """Cores busy in each BUSY_BIN seconds, from the samples (a bin's CPU over its length)."""
+        profile, edge, before = [], BUSY_BIN, 0.0
+        for at, total in self._totals:
+            if at >= edge:
+                profile.append((total - before) / BUSY_BIN)
+                edge, before = edge + BUSY_BIN, total
+        return profile
 
     def split(self) -> dict[str, float]:
         self._stop.set()
@@ -129,15 +144,22 @@ class KindSampler:
         return kinds
 
 
-def timed(system: str, argv: list[str], env: dict[str, str], out: Path, log: Path) -> OneCommand:
-    cpu0, started = _children_cpu(), time.monotonic()
+def request_span(web: SimWeb, since: float) -> tuple[float, float]:
+    """Seconds from ``since`` (wall clock) to the sites' first and last page request (rules files aside)."""
+    times = [r.time for site in web.sites.values() for r in site.requests("/p/") if r.time >= since]
+    return (min(times) - since, max(times) - since) if times else (0.0, 0.0)
+
+
+def timed(system: str, argv: list[str], env: dict[str, str], out: Path, log: Path, web: SimWeb) -> OneCommand:
+    cpu0, started, wall_started = _children_cpu(), time.monotonic(), time.time()
     with open(log, "wb") as output:
         process = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
         sampler = KindSampler(process.pid)
         if process.wait(timeout=TIMEOUT):
             raise subprocess.CalledProcessError(process.returncode, argv)
     wall, cpu = time.monotonic() - started, _children_cpu() - cpu0
-    return OneCommand(system, tar_images(out), wall, cpu, sampler.split(), os.getloadavg()[0])
+    return OneCommand(system, tar_images(out), wall, cpu, sampler.split(), os.getloadavg()[0],
+                      request_span(web, wall_started), sampler.busy())
 
 
 def run_round(specs: list[SiteSpec], paths: list[tuple[str, str]], work: Path) -> list[OneCommand]:
@@ -150,13 +172,13 @@ def run_round(specs: list[SiteSpec], paths: list[tuple[str, str]], work: Path) -
         sources.write_text(json.dumps([{"source_name": spec.host, "image_count": SITE_SIZE} for spec in specs]))
         peer_env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "PYTHONPATH": ""}
         results.append(timed("img2dataset", [str(PEER_BIN), *shared_argv(url_list, work / "img2dataset")],
-                             peer_env, work / "img2dataset", work / "img2dataset.log"))
+                             peer_env, work / "img2dataset", work / "img2dataset.log", web))
         ours_env = {**{k: v for k, v in os.environ.items() if k not in SERVER_SETTINGS},
                     "PYTHONPATH": str(ROOT), "SOURCES_URL": str(sources), "CRAWL_ALLOW_PRIVATE_NETWORKS": "true",
                     "MONITOR_PORT": str(free_port())}
         results.append(timed("this crawler", [sys.executable, "-m", "url_lists", "crawl",
                                               *shared_argv(url_list, work / "ours")],
-                             ours_env, work / "ours", work / "ours.log"))
+                             ours_env, work / "ours", work / "ours.log", web))
     return results
 
 
@@ -179,6 +201,9 @@ def main(urls: int, rounds: int, work: Path) -> None:
         print("    ms/img by process: " + ", ".join(
             f"{kind} {seconds / result.images * 1000:.2f}"
             for kind, seconds in sorted(result.split.items(), key=lambda item: -item[1])))
+        first, last = result.requests
+        print(f"    requests from {first:.1f} s to {last:.1f} s, exit at {result.wall:.1f} s; cores busy per "
+              f"{BUSY_BIN:.0f} s: " + " ".join(f"{cores:.2f}" for cores in result.busy))
     pairs = list(zip(results[::2], results[1::2], strict=True))
     for peer, ours in pairs:
         print(f"this crawler / img2dataset: images/s {ours.rate / peer.rate:.2f}x (target >= 0.9x), "

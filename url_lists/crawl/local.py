@@ -6,7 +6,7 @@ collector reads and empties shard by shard. The monitor and the workers are ``py
 ``python -m worker``, as an operator runs them. Every child has a process group of
 its own and dies with this process (``common.process``), so a stop, Ctrl-C, SIGTERM
 or even a SIGKILL of the command leaves nothing running; a stop SIGTERMs the workers
-first (they finish or park what they hold), then the monitor, then the servers.
+first (they finish or park what they hold), then the monitor, then kills the servers.
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ EMPTY_SOURCES = "[]"  # the embedded monitor's SOURCES_URL: every site is rated 
 # (robots.txt tried at 30 s, 90 s, 210 s, 450 s), not the fleet's day: the command must end.
 ROBOTS_GIVE_UP_SECONDS = 600
 STOP_GRACE = 20.0  # seconds a worker gets to finish or park what it holds before it is killed
-SERVER_GRACE = 2.0  # seconds the servers get to stop once the crawler's processes have
 THUMBNAILS = "thumbnails"  # the thumbnails' folder in the stack's data folder
 
 
@@ -143,23 +142,17 @@ class LocalCrawl:
 
     def stop(self) -> None:
         """The monitor and workers at once (a worker parks what it holds in Kafka, which the
-        monitor is not needed for), then the servers at once: Kafka and Redis hold nothing
-        worth waiting for (memory only, fresh each run); SERVER_GRACE at most."""
+        monitor is not needed for), then the servers killed: Kafka and Redis hold memory only,
+        fresh each run, and tansu would take its whole grace to answer a SIGTERM."""
         children, self.children = self.children, []
         stop_children(children, STOP_GRACE)
         servers, self.stack.servers = self.stack.servers, []
         for server in servers:
-            if server.process is not None and server.process.poll() is None:
-                _signal_group(server.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + SERVER_GRACE
+            if server.process is not None:
+                _signal_group(server.process.pid, signal.SIGKILL)
         for server in servers:
             if server.process is None:
                 continue
-            try:
-                server.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(server.process.pid, signal.SIGKILL)
             try:
                 server.process.wait(10)
             except subprocess.TimeoutExpired:

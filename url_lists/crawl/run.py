@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Producer
 from redis import Redis
@@ -25,9 +25,10 @@ from url_lists.crawl.feed import Feed, FeedTotals, Inbound, Stopped
 from url_lists.crawl.local import LocalCrawl, crawler_env
 from url_lists.crawl.options import CrawlOptions
 from url_lists.dataset.keys import new_run_id
-from url_lists.dataset.collector import STATE_FILE as COLLECTOR_STATE
-from url_lists.dataset.collector import Collector, DatasetOptions
 from url_lists.list_producer import SizeCounter
+
+if TYPE_CHECKING:
+    from url_lists.dataset.collector import Collector
 
 EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 PROGRESS_LINE_SECONDS = 30.0  # without a terminal, a progress line this often
@@ -126,6 +127,10 @@ class CrawlRun:
                 env = self.local.start_stack()
                 self._raise_if_stopped()
                 self.local.start_crawler()
+            # Imported once the crawler's processes are starting: its libraries (S3, HTTP, images)
+            # load while they join their group, not before.
+            from url_lists.dataset.collector import STATE_FILE as COLLECTOR_STATE
+            from url_lists.dataset.collector import Collector, DatasetOptions
             if not self.distributed:  # a fresh broker: the collector's saved offsets are another's
                 (self.state_dir / COLLECTOR_STATE).unlink(missing_ok=True)
             settings = Settings.from_env(env)
