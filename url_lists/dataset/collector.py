@@ -18,9 +18,8 @@ so a rerun reads every outcome it has not kept, and the first-wins rule drops th
 
 Memory: the open shards (an input shard's rows and finished set each, a writer's buffer of
 at most 256 rows or 8 MiB) and at most ``MAX_FETCHES`` thumbnails in flight; not the list's
-length. Kafka's blocking calls run on a thread of their own, disk syncs on another;
-shards are published on a few threads at once (their fsyncs and thumbnail deletions
-overlap), and a sync releases a published shard's messages only once its publication is done.
+length. Kafka's blocking calls run on a thread of their own, disk syncs and publications
+on another, in order.
 """
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ import queue
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +65,7 @@ POLL_MESSAGES = 2_000
 POLL_TIMEOUT = 0.2
 SYNC_INTERVAL = 0.5        # seconds between two journal syncs (and saves of the offsets)
 MAX_FETCHES = 256          # thumbnails being fetched (or waiting for a connection) at once
-PUBLISHERS = 4             # shards published at once (fsyncs and deletions: I/O waits, not CPU)
-DATA_SYNC_BYTES = 32 << 20  # an open shard's images are synced as they pass this, not all at its end
+DATA_SYNC_BYTES = 4 << 20   # an open shard's images are synced in the background past this, not at its end
 LIMITS_INTERVAL = 5.0      # seconds between two reads of the sites' limits
 FETCH_RETRY_FIRST, FETCH_RETRY_MAX = 0.5, 30.0
 # A fresh run reads the outcome topics from this long before its run.json was written:
@@ -293,8 +291,6 @@ class Collector:
     async def _main(self, stop: threading.Event) -> None:
         loop = asyncio.get_running_loop()
         self._disk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-disk")
-        self._publisher = ThreadPoolExecutor(max_workers=PUBLISHERS, thread_name_prefix="dataset-publish")
-        self._publishing: list[Future[None]] = []  # publications submitted since the last sync
         kafka_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-kafka")
         self._tasks: set[asyncio.Task[None]] = set()
         self._fetches = asyncio.Semaphore(MAX_FETCHES)
@@ -351,7 +347,6 @@ class Collector:
                 for close in closers:
                     await loop.run_in_executor(kafka_thread, close)
                 kafka_thread.shutdown(wait=True)
-                self._publisher.shutdown(wait=True)
                 self._disk.shutdown(wait=True)
                 self._write_summary()
 
@@ -513,10 +508,11 @@ class Collector:
         del self._shards[state.shard]
         self._completed[state.shard] = state.size
         stats = shard_stats(state.tally, state.started, time.time())
-        self._publishing.append(self._publisher.submit(self._publish, state, stats))
+        self._disk.submit(self._publish, state, stats)
 
     def _publish(self, state: _Shard, stats: dict[str, Any]) -> None:
-        """On a publishing thread; the next sync waits for it before it releases the shard's messages."""
+        """On the disk thread, in order with the syncs: a sync queued after it releases the
+        shard's messages only once the shard is in place."""
         try:
             started = time.monotonic()
             state.journal.close()
@@ -536,14 +532,11 @@ class Collector:
         save the offsets past their messages."""
         loop = asyncio.get_running_loop()
         released, self._unreleased = self._unreleased, []
-        publishing, self._publishing = self._publishing, []
         journals = [shard.journal for shard in self._shards.values() if shard.journal.dirty]
         bulky = [shard.writer for shard in self._shards.values() if shard.writer.unsynced >= DATA_SYNC_BYTES]
         for writer in bulky:
             writer.unsynced = 0
         await loop.run_in_executor(self._disk, _sync_all, journals, bulky)
-        if publishing:
-            await asyncio.wait([asyncio.wrap_future(future) for future in publishing])
         if self._failure is not None:
             raise self._failure
         for name, offset in released:
