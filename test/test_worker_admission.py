@@ -1,6 +1,7 @@
 """Fast sources first while a worker is short of CPU (worker.scheduling.slow_starts), and what the scheduler
 does with it: slow sources' starts held to the allowance, the partitions that feed a fast source
-kept open near the memory bound, a source read before its rate waits a short turn."""
+kept open near the memory bound and its URLs taken past it, a source read before its rate waits a
+short turn."""
 from __future__ import annotations
 
 import asyncio
@@ -143,9 +144,31 @@ async def test_near_the_bound_the_partitions_feeding_a_fast_source_stay_open(mon
         feed.records.extend(records("fast", 2, partition=3, first_offset=1))  # back from a wait, say
         await until(lambda: len(feed.paused) == 3)
         assert (URLS_TOPIC, 3) not in feed.paused  # the fast source's URLs still come in
-        feed.records.extend(records("fast", 30, partition=3, first_offset=3))
-        await until(lambda: len(feed.paused) == 4)  # at the bound itself: every partition
-        assert scheduler.held() >= 100
+    finally:
+        scheduler.stop()
+        await runner
+
+
+async def test_past_the_bound_a_fast_sources_urls_behind_slow_ones_are_taken_and_the_slow_ones_left(
+        monkeypatch) -> None:
+    """At MAX_QUEUED_URLS the worker reads on: the fast source's URLs behind 60 slow ones in its
+    partition are taken, the slow ones are left in Kafka (not held)."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    slow = [r for n in range(100) for r in records(f"slow{n}", 1, partition=n % 2, first_offset=n)]
+    behind = [r for n in range(100, 160) for r in records(f"slow{n}", 1, partition=2, first_offset=n - 99)]
+    feed = FakeFeed(records("fast", 1, partition=2) + slow + behind
+                    + records("fast", 40, partition=2, first_offset=61), batch_size=10)
+    redis = await redis_with({"fast": 100.0} | {f"slow{n}": 0.5 for n in range(160)})
+    scheduler = make(feed, redis, never_ends, max_tasks=5, max_queued=100)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(lambda: not feed.records and len(feed.delivered) == 201)
+        await asyncio.sleep(0.2)  # a look-up and a few rounds of the loop
+        held = scheduler.held()
+        assert not feed.paused
+        # 100 slow ones held (the bound; 4 of them running), the fast source's 40 (one running),
+        # a batch read past the bound before it was seen, nothing more.
+        assert 100 - 5 + 40 <= held <= 100 + 10 + 40, held
     finally:
         scheduler.stop()
         await runner
@@ -165,3 +188,35 @@ async def test_a_source_read_before_its_rate_waits_a_short_turn_not_a_paused_one
     waits = [m["not_before"] - started for m in parked(producer)]
     assert all(PARK_UNJUDGED_SECONDS <= w < PARK_UNJUDGED_SECONDS + 2 for w in waits), (min(waits), max(waits))
     assert PARK_UNJUDGED_SECONDS < PARK_DEFAULT_SECONDS
+
+
+async def test_past_the_bound_a_fast_sources_excess_waits_in_kafka_and_is_read_again_as_it_runs_short(
+        monkeypatch) -> None:
+    """Past the bound a fast source whose queue is full has its next URLs left in Kafka, not parked,
+    and its partition read again from what it left whenever its queue runs short: every one of its
+    URLs is crawled once, none goes round a wait topic, while the slow sources' URLs wait in Kafka."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    monkeypatch.setattr(scheduler_module, "REWIND_INTERVAL", 0.05)
+    slow = [r for n in range(80) for r in records(f"slow{n}", 1, partition=n % 2, first_offset=n)]
+    ahead = [r for n in range(80, 90) for r in records(f"slow{n}", 1, partition=2, first_offset=n - 80)]
+    feed = FakeFeed(slow + ahead + records("fast", 150, partition=2, first_offset=10), batch_size=20)
+    redis = await redis_with({"fast": 5.0} | {f"slow{n}": 0.5 for n in range(90)})
+    crawled: list[str] = []
+
+    async def handle(request: CrawlRequest) -> float:
+        if request.source != "fast":
+            await asyncio.sleep(60)  # the slow sources hold the worker at its bound
+        crawled.append(request.uuid)
+        await asyncio.sleep(0.005)
+        return 0.005
+
+    producer = FakeProducer()
+    admission = Admission()
+    admission.limit = SLOW_STARTS_FLOOR  # the slow sources' starts held, as a late loop would hold them
+    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
+    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, producer=producer, admission=admission)
+    await run_until(scheduler, lambda: len(crawled) == 150, timeout=10)
+    assert sorted(crawled) == sorted(f"fast-{i}" for i in range(150))  # each once
+    assert not [m for m in parked(producer) if m["source"] == "fast"]
+    assert feed.seeks  # read again from what it left
+    assert scheduler.held() <= 50 + 20  # the slow ones: the bound and a batch; the rest in Kafka

@@ -253,22 +253,45 @@ async def test_a_slow_source_ahead_in_the_partition_holds_back_no_other_source(m
 
 
 async def test_what_a_worker_holds_is_bounded_whatever_the_number_of_sources() -> None:
-    """MAX_QUEUED_URLS: past it every partition is paused until half has gone."""
+    """MAX_QUEUED_URLS: past it the slow sources' URLs are read and left in Kafka, uncommitted, and
+    read again once half has gone; each URL is crawled once."""
     urls = [r for n in range(300) for r in records(f"s{n}", 1, partition=n % 4, first_offset=n)]
     feed = FakeFeed(urls, batch_size=50)
     release = asyncio.Event()
+    crawled: list[str] = []
 
     async def handle(request: CrawlRequest) -> float:
+        crawled.append(request.uuid)
         await release.wait()
         return 0.01
 
-    scheduler = make(feed, await redis_with({}), handle, max_tasks=10, max_queued=100)
-    held: list[int] = []  # when every partition is paused (a stop parks what is queued)
-    await run_until(scheduler, lambda: len(feed.paused) == 4
-                    and not held.append(scheduler.held() + sum(scheduler.load().in_flight.values()))
-                    and not release.set())
-    assert 100 <= held[-1] <= 100 + 50 + 10
-    assert len(feed.records) >= 300 - 160
+    scheduler = make(feed, await redis_with({f"s{n}": 0.5 for n in range(300)}), handle, max_tasks=10,
+                     max_queued=100)
+    most = [0]
+
+    def blocked() -> bool:  # every record read, the worker at its bound, nothing finished
+        most[0] = max(most[0], scheduler.held() + sum(scheduler.load().in_flight.values()))
+        return not feed.records and len(feed.delivered) == 300
+
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        await until(blocked)
+        await asyncio.sleep(0.1)
+        assert 100 <= most[0] <= 100 + 50 + 10  # the bound, a batch read past it, the running tasks
+        left = {(u.partition, u.offset) for u in urls} - {
+            (u.partition, u.offset) for u in urls if json.loads(u.value)["uuid"] in crawled}
+        assert 300 - len(crawled) - scheduler.held() >= 300 - 100 - 50 - 10  # the rest in Kafka, not held
+        for (_topic, partition), position in feed.committed().items():  # never past what is left
+            assert position <= min(offset for p, offset in left if p == partition)
+        release.set()
+        await until(lambda: len(set(crawled)) == 300)
+        await asyncio.sleep(0.2)
+    finally:
+        scheduler.stop()
+        await runner
+    assert feed.seeks  # read again from what was left
+    assert len(crawled) == 300  # each once
+    assert feed.committed() == {(URLS_TOPIC, p): 300 - 4 + p + 1 for p in range(4)}
 
 
 async def test_halted_source_is_parked_until_resumed_and_holds_back_nothing(monkeypatch) -> None:

@@ -280,9 +280,19 @@ class FakeFeed:
         self.commits: list[dict[tuple[str, int], int]] = []
         self.subscriptions: list[list[str]] = []
         self.revoking: list[tuple[str, int]] = []
+        self.delivered: list[Record] = []  # what polls handed out, for a seek to read again
+        self.seeks: list[dict[tuple[str, int], int]] = []
 
     async def subscribe(self, topics: list[str]) -> None:
         self.subscriptions.append(topics)
+
+    async def seek(self, positions) -> None:
+        """Each partition read again from its position: what was handed out from there comes first."""
+        self.seeks.append(dict(positions))
+        pending = {(r.topic, r.partition, r.offset) for r in self.records}
+        again = {(r.topic, r.partition, r.offset): r for r in self.delivered if (r.topic, r.partition) in positions
+                 and r.offset >= positions[(r.topic, r.partition)] and (r.topic, r.partition, r.offset) not in pending}
+        self.records = [again[key] for key in sorted(again)] + self.records
 
     def revoke(self, parts: list[tuple[str, int]]) -> None:
         """Revoke ``parts`` at the next poll, as a rebalance would."""
@@ -300,6 +310,7 @@ class FakeFeed:
         take = [r for r in self.records if (r.topic, r.partition) not in self.paused][:self.batch_size]
         for record in take:
             self.records.remove(record)
+        self.delivered += take
         batch.records = take
         return batch
 

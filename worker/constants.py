@@ -34,6 +34,12 @@ QUEUE_MAX_PER_SOURCE = 5000        # URLs queued at most for any source, whateve
 THROUGHPUT_SMOOTHING = 0.5         # weight of a refresh's measure in a source's throughput here
 THROUGHPUT_WARMUP_SECONDS = 5.0    # a source's first seconds of work here are not measured
 SLOW_PARTITIONS_PAUSE_AT = 0.75    # share of MAX_QUEUED_URLS past which partitions feeding no fast source pause
+# Past MAX_QUEUED_URLS, only fast sources' URLs are taken; the rest are left in Kafka (worker/intake/read_ahead.py):
+READ_AHEAD_MAX = 5000              # records a partition leaves in Kafka past the bound, at most, before it pauses
+LOOKUP_INTERVAL = 0.2              # seconds between look-ups of the rates of sources read past the bound, unknown here
+LOOKUP_MAX = 2000                  # sources waiting for that look-up, at most (the others: when read again)
+FAST_LEARNED_MAX = 1000            # fast sources learned by a look-up, kept at most
+REWIND_INTERVAL = 1.0              # seconds between two readings again of a partition for its fast sources, at least
 # Fast sources first while the worker is short of CPU (docs/decisions.md, "One keyed urls topic, and parking"):
 FAST_SOURCE_RATE = 5.0             # req/s from which a source is fast: it needs a token every 200 ms or less
 LOOP_LAG_PROBE_SECONDS = 0.02      # how often a timer measures the event loop's delay

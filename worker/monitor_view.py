@@ -88,6 +88,22 @@ class MonitorView:
         self._rates.update({source: rate for source, raw in zip(working, rates, strict=True)
                             if (rate := non_negative(raw)) is not None})
 
+    async def potential(self, redis: AsyncRedis, sources: list[str]) -> dict[str, float]:
+        """What each of ``sources`` may be granted, as Redis says now: its rate, or its limit (the
+        monitor's ceiling for it) if higher, for a source not crawled here whose rate key may have
+        expired; a source with neither is left out. Nothing is kept. Redis not answering raises."""
+        rates = await redis.mget([rate_limit_key(s) for s in sources])
+        pipe = redis.pipeline(transaction=False)
+        for source in sources:
+            pipe.hmget(adaptive_key(source), [ADAPTIVE_CEILING_FIELD])
+        ceilings = await pipe.execute()
+        found: dict[str, float] = {}
+        for source, raw, (ceiling,) in zip(sources, rates, ceilings, strict=True):
+            known = [value for value in (non_negative(raw), non_negative(ceiling)) if value is not None]
+            if known:
+                found[source] = max(known)
+        return found
+
     def decide(self, rates: Mapping[str, float] | None = None, halted: Collection[str] | None = None) -> None:
         """Decisions set by hand, as the monitor would: for tests and benches without one."""
         self._rates.update(rates or {})

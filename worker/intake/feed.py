@@ -31,6 +31,7 @@ class Record:
     partition: int
     offset: int
     value: bytes | None
+    key: bytes | None = None  # the source, in ``urls``
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Feed(Protocol):
     async def pause(self, parts: list[TP]) -> None: ...
     async def resume(self, parts: list[TP]) -> None: ...
     async def commit(self, positions: dict[TP, int]) -> bool: ...
+    async def seek(self, positions: dict[TP, int]) -> None: ...
     def offer_positions(self, positions: dict[TP, int]) -> None: ...
     async def close(self) -> None: ...
 
@@ -141,7 +143,7 @@ class KafkaFeed:
             if message.error():
                 log_event(EVENT_CONSUMER_ERROR, error=str(message.error()), topic=message.topic())
                 continue
-            batch.records.append(Record(*coordinates(message), message.value()))
+            batch.records.append(Record(*coordinates(message), message.value(), message.key()))
         return batch
 
     def offer_positions(self, positions: dict[TP, int]) -> None:

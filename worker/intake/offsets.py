@@ -19,9 +19,20 @@ class PartitionOffsets:
         self._lowest: list[int] = []  # a heap of unfinished offsets; finished ones leave it at its top
         self._next: int | None = None      # one past the highest offset seen
         self.committed: int | None = None  # the last position committed
+        self.held_back: int | None = None  # the lowest offset left in Kafka to be read again (read_ahead)
 
     def __contains__(self, offset: int) -> bool:
         return offset in self._unfinished
+
+    def seen(self, offset: int) -> bool:
+        """Read before: below the highest offset read here."""
+        return self._next is not None and offset < self._next
+
+    def passed(self, offset: int) -> None:
+        """Read and not taken (left in Kafka, or finished by a previous owner): nothing to finish."""
+        if self.committed is None:
+            self.committed = offset
+        self._next = offset + 1 if self._next is None else max(self._next, offset + 1)
 
     def add(self, offset: int) -> None:
         if self.committed is None:
@@ -42,6 +53,8 @@ class PartitionOffsets:
         while self._lowest and self._lowest[0] not in self._unfinished:
             heapq.heappop(self._lowest)
         position = self._lowest[0] if self._lowest else self._next
+        if position is not None and self.held_back is not None:
+            position = min(position, self.held_back)
         if position is None or (self.committed is not None and position <= self.committed):
             return None
         return position

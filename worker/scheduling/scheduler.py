@@ -13,8 +13,10 @@ whose queue is full (seconds of what it drains at, ``sizing``), that is slow, pa
 or backed off, has its next URLs parked in a wait topic until their turn
 (``worker.parking.wait_topics``); a temporarily halted source's wait a turn; a halted
 source's go to ``urls_halted`` until it resumes (``worker.parking.hand_back_on_resume``).
-What the worker holds is bounded by MAX_QUEUED_URLS: past it every partition is paused
-until half has gone (those that feed a fast source only at the bound itself).
+What the worker holds is bounded by MAX_QUEUED_URLS: near it the partitions that feed no fast
+source are paused; past it the worker reads on but takes only the URLs of fast sources, which
+need URLs every few seconds, and leaves the others in Kafka, uncommitted, to read them again once
+half has gone (``worker.intake.read_ahead``).
 
 Offsets are committed per partition up to the lowest unfinished message,
 and a task (or a park) finishes only after its outcome is acknowledged, so a
@@ -37,13 +39,15 @@ from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_W
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis, MessageProducer
 from worker import metrics
-from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_SOURCE_RATE, FINISHED_FLUSH_INTERVAL,
-                              FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
-                              OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT, REFRESH_INTERVAL, SLOW_PARTITIONS_PAUSE_AT)
+from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_LEARNED_MAX, FAST_SOURCE_RATE,
+                              FINISHED_FLUSH_INTERVAL, FORGET_ABOVE, LATENCY_SMOOTHING, LOOKUP_INTERVAL, LOOKUP_MAX,
+                              MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT,
+                              READ_AHEAD_MAX, REFRESH_INTERVAL, REWIND_INTERVAL, SLOW_PARTITIONS_PAUSE_AT)
 from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
 from worker.intake.feed import TP, Feed, Record
 from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
+from worker.intake.read_ahead import LeftBehind
 from worker.monitor_view import MonitorView
 from worker.parking.hand_over import hand_on, reject
 from worker.parking.wait_topics import ahead_of_turn, next_turn, parked_message, wait_message
@@ -95,6 +99,13 @@ class Scheduler:
         self._paused: set[TP] = set()              # partitions paused: MAX_QUEUED_URLS (nearly) reached
         self._finished = FinishedRecord(redis)     # offsets finished above the commits, for the next owner
         self._skips = Skips()                      # offsets a previous owner finished: not read again
+        self._left = LeftBehind()                  # records read past the bound and left in Kafka
+        self._past_bound = False                   # reading past MAX_QUEUED_URLS: only fast sources' URLs taken
+        self._unknown: dict[str, set[TP]] = {}     # sources read past the bound, rate unknown: where they left URLs
+        self._learned: dict[str, float] = {}       # fast sources learned by a look-up: their potential pace
+        self._short_of: dict[TP, set[str]] = {}    # fast sources with URLs left in a partition (their queue full)
+        self._rewound_at: dict[TP, float] = {}     # when a partition was last read again for them
+        self._next_lookup = 0.0
         self._new_work = False                     # a source was queued here since the last refresh
         self._next_refresh = 0.0
         self._last_refresh = 0.0
@@ -117,6 +128,7 @@ class Scheduler:
                 await self._rebalanced(batch.assigned, batch.revoked, batch.rebalance)
                 for record in batch.records:
                     self._accept(record)
+                await self._look_up_if_due()
                 self._reallocate()
                 self._dispatch()
                 await self._bound_reading()
@@ -211,6 +223,10 @@ class Scheduler:
         if revoked:
             await self._finished.flush()  # what finished here, for the next owner
             self._skips.forget(revoked)
+            self._left.forget(revoked)  # uncommitted: the next owner reads them from the commit
+            for tp in revoked:
+                self._short_of.pop(tp, None)
+                self._rewound_at.pop(tp, None)
         for tp in revoked:
             # Another worker owns it now (or this one again, from its commit): forget its queued
             # URLs, and stop its crawls, which could not be committed. A request already sent is
@@ -231,7 +247,7 @@ class Scheduler:
         # Before any of their records is taken: what a previous owner finished above the commit.
         loaded = await self._finished.load(assigned)
         self._skips.add(loaded)
-        if assigned and self._paused:
+        if assigned and self._paused and not self._past_bound:
             await self._feed.pause(assigned)  # the feed starts them unpaused
             self._paused.update(assigned)
         if assigned or revoked:
@@ -240,9 +256,20 @@ class Scheduler:
                       finished_skipped=sum(len(o) for o in loaded.values()), **timing)
 
     def _accept(self, record: Record) -> None:
-        if not take_new(record, self._offsets, self._skips):
-            return
         tp = (record.topic, record.partition)
+        offsets = self._offsets.get(tp)
+        if offsets is not None and offsets.seen(record.offset):
+            # Read again after a rewind: new only if it was left past the bound.
+            if not self._left.holds(tp, record.offset) or (self._past_bound and not self._admitted(record, tp)):
+                return
+            self._left.take(tp, record.offset)
+            offsets.add(record.offset)
+            offsets.held_back = self._left.first(tp)
+        elif self._past_bound and not self._admitted(record, tp):
+            self._leave(record)
+            return
+        elif not take_new(record, self._offsets, self._skips):
+            return
         try:
             request = parse_crawl_request(record.value)
         except InvalidMessage as exc:
@@ -262,6 +289,77 @@ class Scheduler:
             lane.new = self._new_work = True
         lane.queue.append(job)
         self._queued += 1
+
+    def _admitted(self, record: Record, tp: TP) -> bool:
+        """Past the bound, whether a URL is taken: its source is paced at FAST_SOURCE_RATE or more
+        (it needs URLs every few seconds), not stopped, and its queue here not full (else the URL is
+        left in Kafka, and the partition read again from what it left once the queue runs short:
+        no turn round the wait topics). A source whose rate is unknown here is looked up, for its
+        next URLs; a message that is no crawl request is taken (to reject it)."""
+        if record.key:
+            source = record.key.decode("utf-8", "replace")
+        else:
+            try:
+                source = parse_crawl_request(record.value).source
+            except InvalidMessage:
+                return True
+        view = self._view
+        if source in view.stopped:
+            return False
+        if view.rate(source) is not None:
+            fast = self._pace(source) >= FAST_SOURCE_RATE
+        else:
+            fast = source in self._learned
+        if fast:
+            lane = self._lanes.get(source)
+            if lane is None:
+                return True
+            # Learned by a look-up, its rate not read yet here: its queue as if it were.
+            limit = self._queue_limit(lane) if view.rate(source) is not None else sizing.queue_limit(
+                True, self._learned[source], lane.reserved)
+            if len(lane.queue) < limit:
+                return True
+            self._short_of.setdefault(tp, set()).add(source)
+            return False
+        if view.rate(source) is not None:
+            return False
+        if source in self._unknown or len(self._unknown) < LOOKUP_MAX:
+            self._unknown.setdefault(source, set()).add(tp)
+        return False
+
+    def _leave(self, record: Record) -> None:
+        """Left in Kafka, past the bound: not held, not committed; read again after the rewind."""
+        tp = (record.topic, record.partition)
+        offsets = self._offsets.get(tp)
+        if offsets is None:
+            offsets = self._offsets[tp] = PartitionOffsets()
+            self._skips.first_read(tp, record.offset)
+        offsets.passed(record.offset)
+        if self._skips.take(tp, record.offset):  # a previous owner finished it
+            return
+        self._left.leave(tp, record.offset)
+        offsets.held_back = self._left.first(tp)
+
+    async def _look_up_if_due(self) -> None:
+        """The rates (or limits) of the sources read past the bound and unknown here: those found
+        fast have their next URLs taken."""
+        now = time.monotonic()
+        if not self._unknown or now < self._next_lookup:
+            return
+        self._next_lookup = now + LOOKUP_INTERVAL
+        unknown, self._unknown = self._unknown, {}
+        try:
+            found = await self._view.potential(self._redis, sorted(unknown))
+        except Exception as exc:  # noqa: BLE001 - Redis away: they are looked up when read again
+            log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
+            return
+        if len(self._learned) > FAST_LEARNED_MAX:
+            self._learned.clear()
+        for source, pace in found.items():
+            if pace >= FAST_SOURCE_RATE:
+                self._learned[source] = pace
+                for tp in unknown[source]:  # what it left before it was known: read again by need
+                    self._short_of.setdefault(tp, set()).add(source)
 
     async def _reject(self, record: Record, error: str) -> float:
         await reject(self._producer, record, error)
@@ -435,24 +533,64 @@ class Scheduler:
 
     # --- flow control and commits -----------------------------------------------
     async def _bound_reading(self) -> None:
-        """Pause every partition while MAX_QUEUED_URLS are held here (queued or being parked),
-        resume at half: the bound on the worker's memory, whatever the number of sources.
+        """The bound on the worker's memory, whatever the number of sources: past MAX_QUEUED_URLS
+        held here (queued or being parked; the fast sources' queues, which their paces bound, not
+        counted), every partition is read on, but only the fast sources' URLs are taken; the others
+        are left in Kafka (``worker.intake.read_ahead``), a partition that left READ_AHEAD_MAX is
+        paused. At half the bound the partitions are read again from what they left.
 
-        Short of the bound (from SLOW_PARTITIONS_PAUSE_AT of it), and until half has gone, the
-        partitions that feed a fast source stay open: its URLs come back there from their wait."""
-        held = self.held()
+        Short of the bound (from SLOW_PARTITIONS_PAUSE_AT of it), and until half has gone, only the
+        partitions that feed a fast source are read: its URLs come back there from their wait."""
+        fast_held = sum(len(lane.queue) for lane in self._lanes.fast.values())
+        held = self.held() - fast_held
         feeding = self._assigned.intersection(set().union(*(lane.fed_from for lane in self._lanes.fast.values())))
-        if held >= self._max_queued:
-            wanted = set(self._assigned)
+        past_bound = held >= self._max_queued or (self._past_bound and held > self._max_queued // 2)
+        if past_bound:
+            wanted = {tp for tp in self._assigned
+                      if self._left.count(tp) >= READ_AHEAD_MAX and tp not in self._short_of}
         elif (feeding and held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT) or (
                 self._paused and held > self._max_queued // 2):
             wanted = self._assigned - feeding
         else:
             wanted = set()
+        rewind = self._past_bound and not past_bound
+        self._past_bound = past_bound
         if wanted != self._paused:
             await self._feed.pause(sorted(wanted - self._paused))
             await self._feed.resume(sorted(self._paused - wanted))
             self._paused = wanted
+        if rewind:
+            self._unknown.clear()
+            self._short_of.clear()
+            positions = {tp: offset for tp, offset in self._left.rewind().items() if tp in self._assigned}
+        elif past_bound:
+            positions = self._read_again_for_fast_sources()
+        else:
+            positions = {}
+        if positions:
+            await self._feed.seek(positions)
+
+    def _read_again_for_fast_sources(self) -> dict[TP, int]:
+        """Past the bound, the partitions where a fast source whose queue has run short (under half
+        its limit) left URLs: read again from the first record they left, at most once per
+        REWIND_INTERVAL each."""
+        now = time.monotonic()
+        positions: dict[TP, int] = {}
+        for tp, sources in list(self._short_of.items()):
+            first = self._left.first(tp)
+            if tp not in self._assigned or first is None:
+                del self._short_of[tp]
+                continue
+            if now < self._rewound_at.get(tp, 0.0) + REWIND_INTERVAL:
+                continue
+            for source in sources:
+                lane = self._lanes.get(source)
+                if lane is None or len(lane.queue) < self._queue_limit(lane) // 2:
+                    positions[tp] = first
+                    self._rewound_at[tp] = now
+                    del self._short_of[tp]  # marked again as its URLs are left again
+                    break
+        return positions
 
     async def _commit_if_due(self) -> None:
         now = time.monotonic()

@@ -1,0 +1,48 @@
+"""Records read past the memory bound and left in Kafka (worker.intake.read_ahead): kept as ranges,
+taken on the second reading, and the commit held below the first of them."""
+from __future__ import annotations
+
+from worker.intake.offsets import PartitionOffsets
+from worker.intake.read_ahead import LeftBehind
+
+TP0, TP1 = ("urls", 0), ("urls", 1)
+
+
+def test_a_run_of_left_records_is_one_range_and_taking_one_splits_it() -> None:
+    left = LeftBehind()
+    for offset in [*range(10, 20), *range(25, 30)]:
+        left.leave(TP0, offset)
+    left.leave(TP0, 12)  # read again while still past the bound: left once
+    left.leave(TP1, 7)
+    assert (left.count(TP0), left.spans(), len(left)) == (15, 3, 16)
+    assert left.rewind() == {TP0: 10, TP1: 7}
+    assert left.holds(TP0, 19) and not left.holds(TP0, 20) and not left.holds(TP0, 9)
+    assert left.take(TP0, 15) and not left.take(TP0, 15) and not left.take(TP0, 22)
+    assert (left.count(TP0), left.spans()) == (14, 4)
+    assert left.take(TP0, 10) and left.first(TP0) == 11
+    for offset in [*range(11, 15), *range(16, 20), *range(25, 30)]:
+        assert left.take(TP0, offset)
+    assert left.first(TP0) is None and left.rewind() == {TP1: 7}
+    left.leave(TP0, 20)
+    left.leave(TP0, 22)
+    left.leave(TP0, 21)  # fills the gap: one range again
+    assert left.spans() == 2 and left.count(TP0) == 3
+    left.forget([TP0, TP1])
+    assert len(left) == 0 and left.rewind() == {}
+
+
+def test_the_commit_stays_below_what_was_left_and_read_marks_what_is_new() -> None:
+    offsets = PartitionOffsets()
+    offsets.add(0)
+    offsets.passed(1)  # left in Kafka
+    offsets.held_back = 1
+    offsets.add(2)
+    offsets.finish(0)
+    offsets.finish(2)
+    assert offsets.committable() == 1  # not past the left one, though 2 is finished
+    assert offsets.seen(2) and not offsets.seen(3)
+    offsets.add(1)  # taken on the second reading
+    offsets.held_back = None
+    assert offsets.committable() == 1
+    offsets.finish(1)
+    assert offsets.committable() == 3
