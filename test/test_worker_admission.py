@@ -8,7 +8,7 @@ import asyncio
 import time
 
 import pytest
-from common.contracts import URLS_TOPIC, CrawlRequest
+from common.contracts import URLS_TOPIC, CrawlRequest, rate_limit_key
 from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until, until
 from test.worker_fakes import FakeFeed, FakeProducer
 from worker.scheduling import scheduler as scheduler_module
@@ -220,3 +220,46 @@ async def test_past_the_bound_a_fast_sources_excess_waits_in_kafka_and_is_read_a
     assert not [m for m in parked(producer) if m["source"] == "fast"]
     assert feed.seeks  # read again from what it left
     assert scheduler.held() <= 50 + 20  # the slow ones: the bound and a batch; the rest in Kafka
+
+
+async def test_past_the_bound_a_fast_sources_urls_left_while_it_was_paused_are_read_again(monkeypatch) -> None:
+    """Every REREAD_SECONDS past the bound every partition is read again from what it left: a fast
+    source's URLs left while it was paused come in once the pause ends, though nothing marked them."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    monkeypatch.setattr(scheduler_module, "REREAD_SECONDS", 0.3)
+    slow = [r for n in range(80) for r in records(f"slow{n}", 1, partition=n % 2, first_offset=n)]
+    feed = FakeFeed(records("fast", 1, partition=2) + slow, batch_size=20)
+    redis = await redis_with({"fast": 100.0} | {f"slow{n}": 0.5 for n in range(80)})
+    crawled: list[str] = []
+    first_done = asyncio.Event()
+
+    async def handle(request: CrawlRequest) -> float:
+        if request.source != "fast":
+            await asyncio.sleep(60)  # the slow sources hold the worker at its bound
+        elif request.uuid == "fast-0":
+            await first_done.wait()  # it works here, so its pause is read
+        crawled.append(request.uuid)
+        return 0.005
+
+    admission = Admission()
+    admission.limit = SLOW_STARTS_FLOOR
+    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
+    view = MonitorView()
+    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, view=view, admission=admission)
+    runner = asyncio.create_task(scheduler.run())
+    fast = lambda: [u for u in crawled if u.startswith("fast")]  # noqa: E731
+    try:
+        await until(lambda: view.rate("fast") == 100.0 and not feed.records)
+        await redis.set(rate_limit_key("fast"), 0.0)  # paused: its next URLs are left, unmarked
+        await until(lambda: view.rate("fast") == 0.0)
+        feed.records.extend(records("fast", 20, partition=2, first_offset=1))
+        await until(lambda: not feed.records)
+        await asyncio.sleep(0.5)
+        first_done.set()
+        await until(lambda: fast() == ["fast-0"])
+        await redis.set(rate_limit_key("fast"), 100.0)
+        await until(lambda: len(fast()) == 21, timeout=5)
+    finally:
+        scheduler.stop()
+        await runner
+    assert sorted(fast()) == sorted(["fast-0"] + [f"fast-{i}" for i in range(20)])  # each once (two fast-0s)

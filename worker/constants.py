@@ -40,6 +40,7 @@ LOOKUP_INTERVAL = 0.2              # seconds between look-ups of the rates of so
 LOOKUP_MAX = 2000                  # sources waiting for that look-up, at most (the others: when read again)
 FAST_LEARNED_MAX = 1000            # fast sources learned by a look-up, kept at most
 REWIND_INTERVAL = 1.0              # seconds between two readings again of a partition for its fast sources, at least
+REREAD_SECONDS = 10.0              # past the bound, every partition is read again from what it left this often
 # Fast sources first while the worker is short of CPU (docs/decisions.md, "One keyed urls topic, and parking"):
 FAST_SOURCE_RATE = 5.0             # req/s from which a source is fast: it needs a token every 200 ms or less
 LOOP_LAG_PROBE_SECONDS = 0.02      # how often a timer measures the event loop's delay

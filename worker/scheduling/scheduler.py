@@ -42,7 +42,8 @@ from worker import metrics
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_LEARNED_MAX, FAST_SOURCE_RATE,
                               FINISHED_FLUSH_INTERVAL, FORGET_ABOVE, LATENCY_SMOOTHING, LOOKUP_INTERVAL, LOOKUP_MAX,
                               MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT,
-                              READ_AHEAD_MAX, REFRESH_INTERVAL, REWIND_INTERVAL, SLOW_PARTITIONS_PAUSE_AT)
+                              READ_AHEAD_MAX, REFRESH_INTERVAL, REREAD_SECONDS, REWIND_INTERVAL,
+                              SLOW_PARTITIONS_PAUSE_AT)
 from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
 from worker.intake.feed import TP, Feed, Record
 from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
@@ -101,11 +102,12 @@ class Scheduler:
         self._skips = Skips()                      # offsets a previous owner finished: not read again
         self._left = LeftBehind()                  # records read past the bound and left in Kafka
         self._past_bound = False                   # reading past MAX_QUEUED_URLS: only fast sources' URLs taken
-        self._unknown: dict[str, set[TP]] = {}     # sources read past the bound, rate unknown: where they left URLs
+        self._unknown: dict[str, dict[TP, int]] = {}  # sources read past the bound, rate unknown: first URL left where
         self._learned: dict[str, float] = {}       # fast sources learned by a look-up: their potential pace
-        self._short_of: dict[TP, set[str]] = {}    # fast sources with URLs left in a partition (their queue full)
+        self._short_of: dict[TP, dict[str, int]] = {}  # fast sources' first URL left in a partition (queue full)
         self._rewound_at: dict[TP, float] = {}     # when a partition was last read again for them
         self._next_lookup = 0.0
+        self._next_reread = 0.0                    # past the bound, when every partition is read again
         self._new_work = False                     # a source was queued here since the last refresh
         self._next_refresh = 0.0
         self._last_refresh = 0.0
@@ -260,7 +262,8 @@ class Scheduler:
         offsets = self._offsets.get(tp)
         if offsets is not None and offsets.seen(record.offset):
             # Read again after a rewind: new only if it was left past the bound.
-            if not self._left.holds(tp, record.offset) or (self._past_bound and not self._admitted(record, tp)):
+            if not self._left.holds(tp, record.offset) or (
+                    self._past_bound and not self._admitted(record, tp, look_up=False)):
                 return
             self._left.take(tp, record.offset)
             offsets.add(record.offset)
@@ -290,12 +293,13 @@ class Scheduler:
         lane.queue.append(job)
         self._queued += 1
 
-    def _admitted(self, record: Record, tp: TP) -> bool:
+    def _admitted(self, record: Record, tp: TP, look_up: bool = True) -> bool:
         """Past the bound, whether a URL is taken: its source is paced at FAST_SOURCE_RATE or more
         (it needs URLs every few seconds), not stopped, and its queue here not full (else the URL is
         left in Kafka, and the partition read again from what it left once the queue runs short:
         no turn round the wait topics). A source whose rate is unknown here is looked up, for its
-        next URLs; a message that is no crawl request is taken (to reject it)."""
+        next URLs (``look_up``: on its first reading only); a message that is no crawl request is
+        taken (to reject it)."""
         if record.key:
             source = record.key.decode("utf-8", "replace")
         else:
@@ -319,12 +323,12 @@ class Scheduler:
                 True, self._learned[source], lane.reserved)
             if len(lane.queue) < limit:
                 return True
-            self._short_of.setdefault(tp, set()).add(source)
+            _note_first(self._short_of.setdefault(tp, {}), source, record.offset)
             return False
         if view.rate(source) is not None:
             return False
-        if source in self._unknown or len(self._unknown) < LOOKUP_MAX:
-            self._unknown.setdefault(source, set()).add(tp)
+        if look_up and (source in self._unknown or len(self._unknown) < LOOKUP_MAX):
+            _note_first(self._unknown.setdefault(source, {}), tp, record.offset)
         return False
 
     def _leave(self, record: Record) -> None:
@@ -358,8 +362,8 @@ class Scheduler:
         for source, pace in found.items():
             if pace >= FAST_SOURCE_RATE:
                 self._learned[source] = pace
-                for tp in unknown[source]:  # what it left before it was known: read again by need
-                    self._short_of.setdefault(tp, set()).add(source)
+                for tp, offset in unknown[source].items():  # left before it was known: read again by need
+                    _note_first(self._short_of.setdefault(tp, {}), source, offset)
 
     async def _reject(self, record: Record, error: str) -> float:
         await reject(self._producer, record, error)
@@ -553,14 +557,19 @@ class Scheduler:
             wanted = self._assigned - feeding
         else:
             wanted = set()
-        rewind = self._past_bound and not past_bound
+        now = time.monotonic()
+        if past_bound and not self._past_bound:
+            self._next_reread = now + REREAD_SECONDS
+        # At half the bound; and every REREAD_SECONDS past it, for a fast source's URLs left unmarked
+        # (read while it was paused, or not looked up).
+        rewind = (self._past_bound and not past_bound) or (past_bound and now >= self._next_reread)
         self._past_bound = past_bound
         if wanted != self._paused:
             await self._feed.pause(sorted(wanted - self._paused))
             await self._feed.resume(sorted(self._paused - wanted))
             self._paused = wanted
         if rewind:
-            self._unknown.clear()
+            self._next_reread = now + REREAD_SECONDS
             self._short_of.clear()
             positions = {tp: offset for tp, offset in self._left.rewind().items() if tp in self._assigned}
         elif past_bound:
@@ -572,25 +581,24 @@ class Scheduler:
 
     def _read_again_for_fast_sources(self) -> dict[TP, int]:
         """Past the bound, the partitions where a fast source whose queue has run short (under half
-        its limit) left URLs: read again from the first record they left, at most once per
-        REWIND_INTERVAL each."""
+        its limit) left URLs: read again from the first URL it left there (not from the slow
+        sources' before it), at most once per REWIND_INTERVAL each."""
         now = time.monotonic()
         positions: dict[TP, int] = {}
-        for tp, sources in list(self._short_of.items()):
-            first = self._left.first(tp)
-            if tp not in self._assigned or first is None:
+        for tp, firsts in list(self._short_of.items()):
+            if tp not in self._assigned or self._left.first(tp) is None:
                 del self._short_of[tp]
                 continue
             if now < self._rewound_at.get(tp, 0.0) + REWIND_INTERVAL:
                 continue
-            for source in sources:
-                lane = self._lanes.get(source)
-                if lane is None or len(lane.queue) < self._queue_limit(lane) // 2:
-                    positions[tp] = first
-                    self._rewound_at[tp] = now
-                    del self._short_of[tp]  # marked again as its URLs are left again
-                    break
+            short = [offset for source, offset in firsts.items()
+                     if (lane := self._lanes.get(source)) is None or len(lane.queue) < self._queue_limit(lane) // 2]
+            if short:
+                positions[tp] = min(short)
+                self._rewound_at[tp] = now
+                del self._short_of[tp]  # marked again as its URLs are left again
         return positions
+
 
     async def _commit_if_due(self) -> None:
         now = time.monotonic()
@@ -657,3 +665,8 @@ class Scheduler:
         read again at each refresh until the monitor has saved it."""
         return len(lane.queue) > 4 * MIN_TASKS_PER_SOURCE and not self._view.judged(lane.source)
 
+
+def _note_first(firsts: dict, key: object, offset: int) -> None:
+    """``firsts[key]``: the lowest offset noted for it."""
+    if key not in firsts or offset < firsts[key]:
+        firsts[key] = offset
