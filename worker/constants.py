@@ -35,6 +35,7 @@ THROUGHPUT_SMOOTHING = 0.5         # weight of a refresh's measure in a source's
 THROUGHPUT_WARMUP_SECONDS = 5.0    # a source's first seconds of work here are not measured
 SLOW_PARTITIONS_PAUSE_AT = 0.75    # share of MAX_QUEUED_URLS past which partitions feeding no fast source pause
 # Past MAX_QUEUED_URLS, only fast sources' URLs are taken; the rest are left in Kafka (worker/intake/read_ahead.py):
+FAST_ROOM = 0.1                    # share of MAX_QUEUED_URLS kept for fast sources' URLs: the others stop at the rest
 READ_AHEAD_MAX = 5000              # records a partition leaves in Kafka past the bound, at most, before it pauses
 LOOKUP_INTERVAL = 0.2              # seconds between look-ups of the rates of sources read past the bound, unknown here
 LOOKUP_MAX = 2000                  # sources waiting for that look-up, at most (the others: when read again)

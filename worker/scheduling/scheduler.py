@@ -39,7 +39,7 @@ from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_W
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis, MessageProducer
 from worker import metrics
-from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_LEARNED_MAX, FAST_SOURCE_RATE,
+from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_LEARNED_MAX, FAST_ROOM, FAST_SOURCE_RATE,
                               FINISHED_FLUSH_INTERVAL, FORGET_ABOVE, LATENCY_SMOOTHING, LOOKUP_INTERVAL, LOOKUP_MAX,
                               MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT,
                               READ_AHEAD_MAX, REFRESH_INTERVAL, REREAD_SECONDS, REWIND_INTERVAL,
@@ -108,6 +108,8 @@ class Scheduler:
         self._rewound_at: dict[TP, float] = {}     # when a partition was last read again for them
         self._next_lookup = 0.0
         self._next_reread = 0.0                    # past the bound, when every partition is read again
+        self._fast_held = 0                        # the fast sources' queued URLs, at the last bound check
+        self._slow_bound = max_queued - int(max_queued * FAST_ROOM)  # the others' URLs held at most
         self._new_work = False                     # a source was queued here since the last refresh
         self._next_refresh = 0.0
         self._last_refresh = 0.0
@@ -258,6 +260,9 @@ class Scheduler:
                       finished_skipped=sum(len(o) for o in loaded.values()), **timing)
 
     def _accept(self, record: Record) -> None:
+        if not self._past_bound and self.held() - self._fast_held >= self._slow_bound:  # not a batch later
+            self._past_bound = True
+            self._next_reread = time.monotonic() + REREAD_SECONDS
         tp = (record.topic, record.partition)
         offsets = self._offsets.get(tp)
         if offsets is not None and offsets.seen(record.offset):
@@ -316,13 +321,14 @@ class Scheduler:
             fast = source in self._learned
         if fast:
             lane = self._lanes.get(source)
-            if lane is None:
-                return True
-            # Learned by a look-up, its rate not read yet here: its queue as if it were.
-            limit = self._queue_limit(lane) if view.rate(source) is not None else sizing.queue_limit(
-                True, self._learned[source], lane.reserved)
-            if len(lane.queue) < limit:
-                return True
+            if self.held() < self._max_queued:  # the fast sources' room: the bound holds for all
+                if lane is None:
+                    return True
+                # Learned by a look-up, its rate not read yet here: its queue as if it were.
+                limit = self._queue_limit(lane) if view.rate(source) is not None else sizing.queue_limit(
+                    True, self._learned[source], lane.reserved)
+                if len(lane.queue) < limit:
+                    return True
             _note_first(self._short_of.setdefault(tp, {}), source, record.offset)
             return False
         if view.rate(source) is not None:
@@ -538,17 +544,18 @@ class Scheduler:
     # --- flow control and commits -----------------------------------------------
     async def _bound_reading(self) -> None:
         """The bound on the worker's memory, whatever the number of sources: past MAX_QUEUED_URLS
-        held here (queued or being parked; the fast sources' queues, which their paces bound, not
-        counted), every partition is read on, but only the fast sources' URLs are taken; the others
-        are left in Kafka (``worker.intake.read_ahead``), a partition that left READ_AHEAD_MAX is
-        paused. At half the bound the partitions are read again from what they left.
+        held here (queued or being parked) less FAST_ROOM of it (the fast sources' queues not
+        counted), every partition is read on, but only the fast sources' URLs are taken, up to the
+        bound itself; the others are left in Kafka (``worker.intake.read_ahead``), a partition that
+        left READ_AHEAD_MAX is paused. At half the bound the partitions are read again from what
+        they left (and every REREAD_SECONDS past it).
 
         Short of the bound (from SLOW_PARTITIONS_PAUSE_AT of it), and until half has gone, only the
         partitions that feed a fast source are read: its URLs come back there from their wait."""
-        fast_held = sum(len(lane.queue) for lane in self._lanes.fast.values())
+        self._fast_held = fast_held = sum(len(lane.queue) for lane in self._lanes.fast.values())
         held = self.held() - fast_held
         feeding = self._assigned.intersection(set().union(*(lane.fed_from for lane in self._lanes.fast.values())))
-        past_bound = held >= self._max_queued or (self._past_bound and held > self._max_queued // 2)
+        past_bound = held >= self._slow_bound or (self._past_bound and held > self._max_queued // 2)
         if past_bound:
             wanted = {tp for tp in self._assigned
                       if self._left.count(tp) >= READ_AHEAD_MAX and tp not in self._short_of}
