@@ -40,6 +40,7 @@ READ_AHEAD_MAX = 5000              # records a partition leaves in Kafka past th
 LOOKUP_INTERVAL = 0.2              # seconds between look-ups of the rates of sources read past the bound, unknown here
 LOOKUP_MAX = 2000                  # sources waiting for that look-up, at most (the others: when read again)
 FAST_LEARNED_MAX = 1000            # fast sources learned by a look-up, kept at most
+LEARNED_SECONDS = 10.0             # how long a look-up's answer is trusted
 REWIND_INTERVAL = 1.0              # seconds between two readings again of a partition for its fast sources, at least
 REREAD_SECONDS = 10.0              # past the bound, every partition is read again from what it left this often
 # Fast sources first while the worker is short of CPU (docs/decisions.md, "One keyed urls topic, and parking"):

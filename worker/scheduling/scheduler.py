@@ -40,7 +40,8 @@ from common.jsonlog import log_event
 from common.protocols import AsyncRedis, MessageProducer
 from worker import metrics
 from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_LEARNED_MAX, FAST_ROOM, FAST_SOURCE_RATE,
-                              FINISHED_FLUSH_INTERVAL, FORGET_ABOVE, LATENCY_SMOOTHING, LOOKUP_INTERVAL, LOOKUP_MAX,
+                              FINISHED_FLUSH_INTERVAL, FORGET_ABOVE, LATENCY_SMOOTHING, LEARNED_SECONDS,
+                              LOOKUP_INTERVAL, LOOKUP_MAX,
                               MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT,
                               READ_AHEAD_MAX, REFRESH_INTERVAL, REREAD_SECONDS, REWIND_INTERVAL,
                               SLOW_PARTITIONS_PAUSE_AT)
@@ -103,7 +104,8 @@ class Scheduler:
         self._left = LeftBehind()                  # records read past the bound and left in Kafka
         self._past_bound = False                   # reading past MAX_QUEUED_URLS: only fast sources' URLs taken
         self._unknown: dict[str, dict[TP, int]] = {}  # sources read past the bound, rate unknown: first URL left where
-        self._learned: dict[str, float] = {}       # fast sources learned by a look-up: their potential pace
+        self._learned: dict[str, tuple[float, float]] = {}  # fast sources by a look-up: (pace, when)
+        self._was_fast: set[str] = set()           # sources found fast past the bound: looked up again when read
         self._short_of: dict[TP, dict[str, int]] = {}  # fast sources' first URL left in a partition (queue full)
         self._rewound_at: dict[TP, float] = {}     # when a partition was last read again for them
         self._next_lookup = 0.0
@@ -302,9 +304,9 @@ class Scheduler:
         """Past the bound, whether a URL is taken: its source is paced at FAST_SOURCE_RATE or more
         (it needs URLs every few seconds), not stopped, and its queue here not full (else the URL is
         left in Kafka, and the partition read again from what it left once the queue runs short:
-        no turn round the wait topics). A source whose rate is unknown here is looked up, for its
-        next URLs (``look_up``: on its first reading only); a message that is no crawl request is
-        taken (to reject it)."""
+        no turn round the wait topics). A source not working here (unknown, or its rate stale) is
+        looked up, for its next URLs (``look_up``: on a record's first reading; on later readings
+        only a source that was fast before); a message that is no crawl request is taken (to reject it)."""
         if record.key:
             source = record.key.decode("utf-8", "replace")
         else:
@@ -315,26 +317,28 @@ class Scheduler:
         view = self._view
         if source in view.stopped:
             return False
-        if view.rate(source) is not None:
-            fast = self._pace(source) >= FAST_SOURCE_RATE
-        else:
-            fast = source in self._learned
-        if fast:
-            lane = self._lanes.get(source)
-            if self.held() < self._max_queued:  # the fast sources' room: the bound holds for all
-                if lane is None:
-                    return True
-                # Learned by a look-up, its rate not read yet here: its queue as if it were.
-                limit = self._queue_limit(lane) if view.rate(source) is not None else sizing.queue_limit(
-                    True, self._learned[source], lane.reserved)
-                if len(lane.queue) < limit:
-                    return True
-            _note_first(self._short_of.setdefault(tp, {}), source, record.offset)
+        lane = self._lanes.get(source)
+        learned = self._learned.get(source)
+        if lane is not None and lane.working and view.rate(source) is not None:  # its rate read lately
+            pace = self._pace(source)
+        elif learned is not None and time.monotonic() < learned[1] + LEARNED_SECONDS:
+            pace = learned[0]
+        else:  # unknown here, or known from before it went idle here (a stale rate): looked up
+            was_fast = source in self._was_fast or self._pace(source) >= FAST_SOURCE_RATE  # a stale rate: a hint
+            if (look_up or was_fast) and (source in self._unknown or len(self._unknown) < LOOKUP_MAX):
+                _note_first(self._unknown.setdefault(source, {}), tp, record.offset)
             return False
-        if view.rate(source) is not None:
+        if pace < FAST_SOURCE_RATE:
             return False
-        if look_up and (source in self._unknown or len(self._unknown) < LOOKUP_MAX):
-            _note_first(self._unknown.setdefault(source, {}), tp, record.offset)
+        self._was_fast.add(source)
+        if self.held() < self._max_queued:  # the fast sources' room: the bound holds for all
+            if lane is None:
+                return True
+            limit = sizing.queue_limit(True, pace, lane.reserved) if learned is not None and not lane.working \
+                else self._queue_limit(lane)
+            if len(lane.queue) < limit:
+                return True
+        _note_first(self._short_of.setdefault(tp, {}), source, record.offset)
         return False
 
     def _leave(self, record: Record) -> None:
@@ -365,11 +369,16 @@ class Scheduler:
             return
         if len(self._learned) > FAST_LEARNED_MAX:
             self._learned.clear()
+        if len(self._was_fast) > FAST_LEARNED_MAX:
+            self._was_fast.clear()
+        now = time.monotonic()
         for source, pace in found.items():
             if pace >= FAST_SOURCE_RATE:
-                self._learned[source] = pace
+                self._learned[source] = (pace, now)
                 for tp, offset in unknown[source].items():  # left before it was known: read again by need
                     _note_first(self._short_of.setdefault(tp, {}), source, offset)
+            else:
+                self._learned.pop(source, None)
 
     async def _reject(self, record: Record, error: str) -> float:
         await reject(self._producer, record, error)
