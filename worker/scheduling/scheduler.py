@@ -568,8 +568,10 @@ class Scheduler:
         if past_bound:
             wanted = {tp for tp in self._assigned
                       if self._left.count(tp) >= READ_AHEAD_MAX and tp not in self._short_of}
-        elif (feeding and held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT) or (
-                self._paused and held > self._max_queued // 2):
+        elif feeding and (held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT or (
+                self._paused and held > self._max_queued // 2)):
+            # With no fast source working here nothing pauses short of the bound: past it the
+            # reading goes on for the fast sources' URLs behind the others.
             wanted = self._assigned - feeding
         else:
             wanted = set()
