@@ -260,6 +260,8 @@ EVENT_WORKER_SUBSCRIBED = "worker_subscribed"
 EVENT_WORKER_TOKENS_FORFEITED = "worker_tokens_forfeited"
 # The worker is short of CPU while a fast source works: its slow sources' starts are limited (or no longer).
 EVENT_WORKER_SLOW_SOURCES_HELD = "worker_slow_sources_held"
+# Past MAX_QUEUED_URLS: what each partition left in Kafka and why, every few seconds (debug, for benches).
+EVENT_WORKER_READING_TRACE = "worker_reading_trace"
 
 
 # URL lists: the list producer and the exporter of results.
@@ -285,8 +287,9 @@ EVENT_LIST_CRAWL_STOPPED = "list_crawl_stopped"
 # Events whose shape SPEC.md §4 fixes exactly: their lines carry no "level" (it is implied).
 FIXED_SHAPE_EVENTS = frozenset({EVENT_MONITORING_UPDATE, EVENT_CRAWL_HALTED})
 # Each event's level (logging's numbers); an event not named here is INFO.
-_WARNING, _ERROR = 30, 40
+_DEBUG, _WARNING, _ERROR = 10, 30, 40
 EVENT_LEVELS = {
+    EVENT_WORKER_READING_TRACE: _DEBUG,
     EVENT_CRAWL_HALTED: _WARNING, EVENT_SOURCE_UNKNOWN: _WARNING, EVENT_RETRY_AFTER: _WARNING,
     EVENT_SOURCES_UNAVAILABLE: _WARNING, EVENT_REDIS_VALUE_IGNORED: _WARNING,
     EVENT_MESSAGES_REJECTED: _WARNING, EVENT_TSV_BAD_ROW: _WARNING, EVENT_LIST_BAD_ROW: _WARNING,

@@ -43,6 +43,7 @@ FAST_LEARNED_MAX = 1000            # fast sources learned by a look-up, kept at 
 LEARNED_SECONDS = 10.0             # how long a look-up's answer is trusted
 REWIND_INTERVAL = 1.0              # seconds between two readings again of a partition for its fast sources, at least
 REREAD_SECONDS = 10.0              # past the bound, every partition is read again from what it left this often
+TRACE_SECONDS = 5.0                # how often that reading is traced while records are left (a debug event)
 # Fast sources first while the worker is short of CPU (docs/decisions.md, "One keyed urls topic, and parking"):
 FAST_SOURCE_RATE = 5.0             # req/s from which a source is fast: it needs a token every 200 ms or less
 LOOP_LAG_PROBE_SECONDS = 0.02      # how often a timer measures the event loop's delay

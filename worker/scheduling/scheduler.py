@@ -50,6 +50,8 @@ from worker.intake.feed import TP, Feed, Record
 from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
 from worker.intake.read_ahead import LeftBehind
+from worker.intake.reading_trace import (LEFT_FULL, LEFT_SLOW, LEFT_STOPPED, LEFT_UNKNOWN, SKIPPED_AGAIN, TAKEN,
+                                         TAKEN_AGAIN, ReadingTrace)
 from worker.monitor_view import MonitorView
 from worker.parking.hand_over import hand_on, reject
 from worker.parking.wait_topics import ahead_of_turn, next_turn, parked_message, wait_message
@@ -102,6 +104,7 @@ class Scheduler:
         self._finished = FinishedRecord(redis)     # offsets finished above the commits, for the next owner
         self._skips = Skips()                      # offsets a previous owner finished: not read again
         self._left = LeftBehind()                  # records read past the bound and left in Kafka
+        self._trace = ReadingTrace()               # what was left and why, logged every few seconds
         self._past_bound = False                   # reading past MAX_QUEUED_URLS: only fast sources' URLs taken
         self._unknown: dict[str, dict[TP, int]] = {}  # sources read past the bound, rate unknown: first URL left where
         self._learned: dict[str, tuple[float, float]] = {}  # fast sources by a look-up: (pace, when)
@@ -269,8 +272,10 @@ class Scheduler:
         offsets = self._offsets.get(tp)
         if offsets is not None and offsets.seen(record.offset):
             # Read again after a rewind: new only if it was left past the bound.
-            if not self._left.holds(tp, record.offset) or (
-                    self._past_bound and not self._admitted(record, tp, look_up=False)):
+            if not self._left.holds(tp, record.offset):
+                self._trace.note(tp, SKIPPED_AGAIN)
+                return
+            if self._past_bound and not self._admitted(record, tp, look_up=False):
                 return
             self._left.take(tp, record.offset)
             offsets.add(record.offset)
@@ -306,17 +311,24 @@ class Scheduler:
         left in Kafka, and the partition read again from what it left once the queue runs short:
         no turn round the wait topics). A source not working here (unknown, or its rate stale) is
         looked up, for its next URLs (``look_up``: on a record's first reading; on later readings
-        only a source that was fast before); a message that is no crawl request is taken (to reject it)."""
+        only a source that was fast before); a message that is no crawl request is taken (to reject it).
+        What it decides is traced (``worker.intake.reading_trace``)."""
+        outcome, source = self._admission_past_bound(record, tp, look_up)
+        watched = source if source in self._was_fast or source in self._learned else None
+        self._trace.note(tp, TAKEN_AGAIN if outcome == TAKEN and not look_up else outcome, watched)
+        return outcome == TAKEN
+
+    def _admission_past_bound(self, record: Record, tp: TP, look_up: bool) -> tuple[str, str | None]:
         if record.key:
             source = record.key.decode("utf-8", "replace")
         else:
             try:
                 source = parse_crawl_request(record.value).source
             except InvalidMessage:
-                return True
+                return TAKEN, None
         view = self._view
         if source in view.stopped:
-            return False
+            return LEFT_STOPPED, source
         lane = self._lanes.get(source)
         learned = self._learned.get(source)
         if lane is not None and lane.working and view.rate(source) is not None:  # its rate read lately
@@ -327,19 +339,19 @@ class Scheduler:
             was_fast = source in self._was_fast or self._pace(source) >= FAST_SOURCE_RATE  # a stale rate: a hint
             if (look_up or was_fast) and (source in self._unknown or len(self._unknown) < LOOKUP_MAX):
                 _note_first(self._unknown.setdefault(source, {}), tp, record.offset)
-            return False
+            return LEFT_UNKNOWN, source
         if pace < FAST_SOURCE_RATE:
-            return False
+            return LEFT_SLOW, source
         self._was_fast.add(source)
         if self.held() < self._max_queued:  # the fast sources' room: the bound holds for all
             if lane is None:
-                return True
+                return TAKEN, source
             limit = sizing.queue_limit(True, pace, lane.reserved) if learned is not None and not lane.working \
                 else self._queue_limit(lane)
             if len(lane.queue) < limit:
-                return True
+                return TAKEN, source
         _note_first(self._short_of.setdefault(tp, {}), source, record.offset)
-        return False
+        return LEFT_FULL, source
 
     def _leave(self, record: Record) -> None:
         """Left in Kafka, past the bound: not held, not committed; read again after the rewind."""
@@ -590,12 +602,42 @@ class Scheduler:
             self._next_reread = now + REREAD_SECONDS
             self._short_of.clear()
             positions = {tp: offset for tp, offset in self._left.rewind().items() if tp in self._assigned}
+            why = "reread" if past_bound else "half"
         elif past_bound:
-            positions = self._read_again_for_fast_sources()
+            positions, why = self._read_again_for_fast_sources(), "need"
         else:
             positions = {}
         if positions:
+            self._trace.sought(why, positions)
             await self._feed.seek(positions)
+        if self._trace.due() and (past_bound or len(self._left)):
+            self._trace_reading(held)
+
+    def _trace_reading(self, held: int) -> None:
+        """The reading past the bound as it stands: the fast sources' lanes, and per partition what
+        it left, the fast sources' first URLs left there, whether it is paused."""
+        view, now = self._view, time.monotonic()
+        watched = set(self._lanes.fast) | set(self._learned) | set(list(self._was_fast)[:20])
+        lanes = {}
+        for source in sorted(watched):
+            lane = self._lanes.get(source)
+            lanes[source] = {"rate": view.rate(source), "slow_start": view.slow_start_limit(source),
+                             "learned": [round(v, 1) for v in self._learned[source]] if source in self._learned
+                             else None}
+            if lane is not None:
+                lanes[source] |= {"queue": len(lane.queue), "limit": self._queue_limit(lane), "running": lane.running,
+                                  "reserved": lane.reserved, "throughput": lane.throughput, "fast": lane.fast}
+        partitions = {}
+        for tp in sorted(self._assigned):
+            left, short, paused = self._left.count(tp), self._short_of.get(tp), tp in self._paused
+            if left or short or paused:
+                offsets = self._offsets.get(tp)
+                partitions[tp] = {"left": left, "first_left": self._left.first(tp), "short_of": short,
+                                  "paused": paused, "committed": offsets.committed if offsets else None}
+        self._trace.emit({"past_bound": self._past_bound, "held": self.held(), "slow_held": held,
+                          "fast_held": self._fast_held, "left": len(self._left), "spans": self._left.spans(),
+                          "unknown": len(self._unknown), "was_fast": len(self._was_fast), "now": round(now, 1),
+                          "next_reread_in": round(self._next_reread - now, 1), "lanes": lanes}, partitions)
 
     def _read_again_for_fast_sources(self) -> dict[TP, int]:
         """Past the bound, the partitions where a fast source whose queue has run short (under half
