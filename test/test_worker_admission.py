@@ -264,3 +264,34 @@ async def test_past_the_bound_a_fast_sources_urls_left_while_it_was_paused_are_r
         scheduler.stop()
         await runner
     assert sorted(fast()) == sorted(["fast-0"] + [f"fast-{i}" for i in range(20)])  # each once (two fast-0s)
+
+
+async def test_past_the_bound_a_partition_that_left_many_records_is_not_paused_ahead_of_a_fast_sources_urls(
+        monkeypatch) -> None:
+    """A partition pauses past the bound once it has read READ_AHEAD_MAX records that no fast source
+    needed; the fast source's own URLs left there (its queue full) do not count, and a reading again
+    (every REREAD_SECONDS, or by need) resumes it: its URLs are all crawled, though the partition
+    left far more than READ_AHEAD_MAX of them (it once stayed paused for minutes)."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    monkeypatch.setattr(scheduler_module, "REWIND_INTERVAL", 0.05)
+    monkeypatch.setattr(scheduler_module, "REREAD_SECONDS", 0.3)
+    monkeypatch.setattr(scheduler_module, "READ_AHEAD_MAX", 20)
+    slow = [r for n in range(80) for r in records(f"slow{n}", 1, partition=n % 2, first_offset=n)]
+    ahead = [r for n in range(80, 90) for r in records(f"slow{n}", 1, partition=2, first_offset=n - 80)]
+    feed = FakeFeed(slow + ahead + records("fast", 150, partition=2, first_offset=10), batch_size=20)
+    redis = await redis_with({"fast": 5.0} | {f"slow{n}": 0.5 for n in range(90)})
+    crawled: list[str] = []
+
+    async def handle(request: CrawlRequest) -> float:
+        if request.source != "fast":
+            await asyncio.sleep(60)  # the slow sources hold the worker at its bound
+        crawled.append(request.uuid)
+        await asyncio.sleep(0.02)
+        return 0.02
+
+    admission = Admission()
+    admission.limit = SLOW_STARTS_FLOOR
+    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
+    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, admission=admission)
+    await run_until(scheduler, lambda: len(crawled) == 150, timeout=10)
+    assert sorted(crawled) == sorted(f"fast-{i}" for i in range(150))  # each once

@@ -3,7 +3,7 @@ taken on the second reading, and the commit held below the first of them."""
 from __future__ import annotations
 
 from worker.intake.offsets import PartitionOffsets
-from worker.intake.read_ahead import LeftBehind
+from worker.intake.read_ahead import FastMarks, LeftBehind
 
 TP0, TP1 = ("urls", 0), ("urls", 1)
 
@@ -46,3 +46,29 @@ def test_the_commit_stays_below_what_was_left_and_read_marks_what_is_new() -> No
     assert offsets.committable() == 1
     offsets.finish(1)
     assert offsets.committable() == 3
+
+
+def test_a_fast_sources_mark_moves_on_as_its_partition_is_read_past_it_and_survives_other_seeks() -> None:
+    marks = FastMarks()
+    for offset in range(100, 110):
+        marks.read(TP0, offset)
+        if offset in (103, 105):
+            marks.left(TP0, "fast", offset)  # its queue full
+    assert marks.marks(TP0) == {"fast": 103}
+    marks.sought(TP0, 103)  # read again for it: 103 taken, 105 left again, read on to 120
+    for offset in range(103, 121):
+        marks.read(TP0, offset)
+        if offset == 105:
+            marks.left(TP0, "fast", offset)
+    assert marks.marks(TP0) == {"fast": 105}
+    marks.sought(TP0, 0)  # every partition read again from what it left: the mark stays
+    assert marks.marks(TP0) == {"fast": 105}
+    for offset in range(0, 50):  # paused before it reaches the mark: still there
+        marks.read(TP0, offset)
+    assert marks.marks(TP0) == {"fast": 105}
+    marks.sought(TP0, 105)
+    for offset in range(105, 130):  # all taken this time: the mark is past what was read
+        marks.read(TP0, offset)
+    assert marks.marks(TP0) == {"fast": 130}
+    marks.drop(TP0, ["fast"])
+    assert marks.partitions() == []

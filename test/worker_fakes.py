@@ -287,12 +287,13 @@ class FakeFeed:
         self.subscriptions.append(topics)
 
     async def seek(self, positions) -> None:
-        """Each partition read again from its position: what was handed out from there comes first."""
+        """Each partition read again from its position, in order, as Kafka would: what was handed out
+        from there and what was not yet, and nothing below it (not handed out yet, it is skipped)."""
         self.seeks.append(dict(positions))
-        pending = {(r.topic, r.partition, r.offset) for r in self.records}
-        again = {(r.topic, r.partition, r.offset): r for r in self.delivered if (r.topic, r.partition) in positions
-                 and r.offset >= positions[(r.topic, r.partition)] and (r.topic, r.partition, r.offset) not in pending}
-        self.records = [again[key] for key in sorted(again)] + self.records
+        moved = {(r.topic, r.partition, r.offset): r for r in [*self.delivered, *self.records]
+                 if (r.topic, r.partition) in positions and r.offset >= positions[(r.topic, r.partition)]}
+        self.records = [r for r in self.records if (r.topic, r.partition) not in positions]
+        self.records = [moved[key] for key in sorted(moved)] + self.records
 
     def revoke(self, parts: list[tuple[str, int]]) -> None:
         """Revoke ``parts`` at the next poll, as a rebalance would."""

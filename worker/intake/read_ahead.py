@@ -7,6 +7,12 @@ of slow sources' URLs is one range, whatever its length), its commit stays below
 them, and once the worker has room again it seeks back there (``rewind``) and takes them on the
 second reading. Records taken on the first reading are not taken again: below the highest
 offset read, only a left offset is new (docs/decisions.md, "Admission by need").
+
+A partition stops (pauses) once it has read READ_AHEAD_MAX records in a row that no fast source
+needed (``unneeded``): the run starts again at each fast source's URL read there, taken or left
+because its queue is full, and at each seek. Counted by what was left instead, a partition holding
+a fast source's own left URLs paused ahead of them, and stayed paused, since only reading it could
+mark them again.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ class LeftBehind:
     def __init__(self) -> None:
         self._ranges: dict[TP, list[list[int]]] = {}  # per partition, sorted disjoint [start, end)
         self._counts: dict[TP, int] = {}
+        self._unneeded: dict[TP, int] = {}  # records read past the bound since a fast source's URL or a seek
 
     def leave(self, tp: TP, offset: int) -> None:
         """``offset`` of ``tp`` was read and left in Kafka."""
@@ -72,6 +79,18 @@ class LeftBehind:
         """Records ``tp`` left."""
         return self._counts.get(tp, 0)
 
+    def read_unneeded(self, tp: TP) -> None:
+        """A record of ``tp`` read past the bound that no fast source needed."""
+        self._unneeded[tp] = self._unneeded.get(tp, 0) + 1
+
+    def needed(self, tp: TP) -> None:
+        """A fast source's URL read in ``tp``, or ``tp`` sought: it reads on."""
+        self._unneeded.pop(tp, None)
+
+    def unneeded(self, tp: TP) -> int:
+        """Records ``tp`` read in a row that no fast source needed: it pauses from READ_AHEAD_MAX."""
+        return self._unneeded.get(tp, 0)
+
     def rewind(self) -> dict[TP, int]:
         """Where each partition that left records is read again from: its first left offset."""
         return {tp: ranges[0][0] for tp, ranges in self._ranges.items()}
@@ -81,6 +100,7 @@ class LeftBehind:
         for tp in parts:
             self._ranges.pop(tp, None)
             self._counts.pop(tp, None)
+            self._unneeded.pop(tp, None)
 
     def __len__(self) -> int:
         return sum(self._counts.values())
@@ -88,3 +108,75 @@ class LeftBehind:
     def spans(self) -> int:
         """Ranges held, all partitions: what this costs in memory."""
         return sum(len(ranges) for ranges in self._ranges.values())
+
+
+class FastMarks:
+    """Per partition, for each fast source whose queue was full there, an offset its left URLs are
+    all at or past: the partition is read again from the least of them when the source runs short.
+
+    A mark moves on as the partition is read past it: from a seek (or its first left record) the
+    reading is in order, so once it has passed a mark, the source's first URL left in what was read
+    is the new mark, or, if none, the first offset not read yet. Deleted when sought, as before,
+    a mark was lost whenever another seek (every partition's, every REREAD_SECONDS) came before the
+    marked records were read again, and the partition, paused after READ_AHEAD_MAX records no fast
+    source needed, never reached them: the fast source stood still for minutes."""
+
+    def __init__(self) -> None:
+        self._marks: dict[TP, dict[str, int]] = {}
+        self._reading: dict[TP, list[int]] = {}      # [first, last] offset read in order since the last seek
+        self._found: dict[TP, dict[str, int]] = {}   # each source's first URL left in that reading
+
+    def read(self, tp: TP, offset: int) -> None:
+        """A record of ``tp`` read (every record, for a partition with marks)."""
+        reading = self._reading.get(tp)
+        if reading is not None and offset >= reading[0]:
+            reading[1] = max(reading[1], offset)
+
+    def left(self, tp: TP, source: str, offset: int) -> None:
+        """A URL of the fast ``source`` left in ``tp``."""
+        marks = self._marks.setdefault(tp, {})
+        if source not in marks or offset < marks[source]:
+            marks[source] = offset
+        reading = self._reading.setdefault(tp, [offset, offset])
+        if reading[0] <= offset <= reading[1]:
+            found = self._found.setdefault(tp, {})
+            if source not in found or offset < found[source]:
+                found[source] = offset
+
+    def sought(self, tp: TP, offset: int) -> None:
+        """``tp`` is read again from ``offset`` (at or below every mark of it)."""
+        self._settle(tp)
+        if tp in self._marks:
+            self._reading[tp] = [offset, offset - 1]
+
+    def marks(self, tp: TP) -> dict[str, int]:
+        """Where each fast source's URLs left in ``tp`` are, at the earliest."""
+        self._settle(tp)
+        return self._marks.get(tp, {})
+
+    def partitions(self) -> list[TP]:
+        return list(self._marks)
+
+    def drop(self, tp: TP, sources: list[str]) -> None:
+        marks = self._marks.get(tp, {})
+        for source in sources:
+            marks.pop(source, None)
+        if not marks:
+            self.forget([tp])
+
+    def forget(self, parts: list[TP]) -> None:
+        for tp in parts:
+            self._marks.pop(tp, None)
+            self._reading.pop(tp, None)
+            self._found.pop(tp, None)
+
+    def _settle(self, tp: TP) -> None:
+        reading, marks = self._reading.get(tp), self._marks.get(tp)
+        if reading is None or marks is None:
+            return
+        first, last = reading
+        found = self._found.pop(tp, {})
+        for source, mark in marks.items():
+            if first <= mark <= last:
+                marks[source] = found.get(source, last + 1)
+        reading[0] = last + 1

@@ -49,7 +49,7 @@ from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
 from worker.intake.feed import TP, Feed, Record
 from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
-from worker.intake.read_ahead import LeftBehind
+from worker.intake.read_ahead import FastMarks, LeftBehind
 from worker.intake.reading_trace import (LEFT_FULL, LEFT_SLOW, LEFT_STOPPED, LEFT_UNKNOWN, SKIPPED_AGAIN, TAKEN,
                                          TAKEN_AGAIN, ReadingTrace)
 from worker.monitor_view import MonitorView
@@ -109,7 +109,7 @@ class Scheduler:
         self._unknown: dict[str, dict[TP, int]] = {}  # sources read past the bound, rate unknown: first URL left where
         self._learned: dict[str, tuple[float, float]] = {}  # fast sources by a look-up: (pace, when)
         self._was_fast: set[str] = set()           # sources found fast past the bound: looked up again when read
-        self._short_of: dict[TP, dict[str, int]] = {}  # fast sources' first URL left in a partition (queue full)
+        self._marks = FastMarks()                  # where fast sources' URLs were left (their queue full)
         self._rewound_at: dict[TP, float] = {}     # when a partition was last read again for them
         self._next_lookup = 0.0
         self._next_reread = 0.0                    # past the bound, when every partition is read again
@@ -234,8 +234,8 @@ class Scheduler:
             self._skips.forget(revoked)
             self._left.forget(revoked)  # uncommitted: the next owner reads them from the commit
             for tp in revoked:
-                self._short_of.pop(tp, None)
                 self._rewound_at.pop(tp, None)
+            self._marks.forget(revoked)
         for tp in revoked:
             # Another worker owns it now (or this one again, from its commit): forget its queued
             # URLs, and stop its crawls, which could not be committed. A request already sent is
@@ -269,11 +269,14 @@ class Scheduler:
             self._past_bound = True
             self._next_reread = time.monotonic() + REREAD_SECONDS
         tp = (record.topic, record.partition)
+        self._marks.read(tp, record.offset)
         offsets = self._offsets.get(tp)
         if offsets is not None and offsets.seen(record.offset):
             # Read again after a rewind: new only if it was left past the bound.
             if not self._left.holds(tp, record.offset):
                 self._trace.note(tp, SKIPPED_AGAIN)
+                if self._past_bound:
+                    self._left.read_unneeded(tp)
                 return
             if self._past_bound and not self._admitted(record, tp, look_up=False):
                 return
@@ -314,6 +317,10 @@ class Scheduler:
         only a source that was fast before); a message that is no crawl request is taken (to reject it).
         What it decides is traced (``worker.intake.reading_trace``)."""
         outcome, source = self._admission_past_bound(record, tp, look_up)
+        if outcome in (TAKEN, LEFT_FULL):  # a fast source's: its partition reads on
+            self._left.needed(tp)
+        else:
+            self._left.read_unneeded(tp)
         watched = source if source in self._was_fast or source in self._learned else None
         self._trace.note(tp, TAKEN_AGAIN if outcome == TAKEN and not look_up else outcome, watched)
         return outcome == TAKEN
@@ -350,7 +357,7 @@ class Scheduler:
                 else self._queue_limit(lane)
             if len(lane.queue) < limit:
                 return TAKEN, source
-        _note_first(self._short_of.setdefault(tp, {}), source, record.offset)
+        self._marks.left(tp, source, record.offset)
         return LEFT_FULL, source
 
     def _leave(self, record: Record) -> None:
@@ -388,7 +395,7 @@ class Scheduler:
             if pace >= FAST_SOURCE_RATE:
                 self._learned[source] = (pace, now)
                 for tp, offset in unknown[source].items():  # left before it was known: read again by need
-                    _note_first(self._short_of.setdefault(tp, {}), source, offset)
+                    self._marks.left(tp, source, offset)
             else:
                 self._learned.pop(source, None)
 
@@ -568,8 +575,9 @@ class Scheduler:
         held here (queued or being parked) less FAST_ROOM of it (the fast sources' queues not
         counted), every partition is read on, but only the fast sources' URLs are taken, up to the
         bound itself; the others are left in Kafka (``worker.intake.read_ahead``), a partition that
-        left READ_AHEAD_MAX is paused. At half the bound the partitions are read again from what
-        they left (and every REREAD_SECONDS past it).
+        read READ_AHEAD_MAX in a row that no fast source needed is paused until it is read again.
+        At half the bound the partitions are read again from what they left (and every
+        REREAD_SECONDS past it; a fast source short of URLs, from the first it left).
 
         Short of the bound (from SLOW_PARTITIONS_PAUSE_AT of it), and until half has gone, only the
         partitions that feed a fast source are read: its URLs come back there from their wait."""
@@ -577,16 +585,6 @@ class Scheduler:
         held = self.held() - fast_held
         feeding = self._assigned.intersection(set().union(*(lane.fed_from for lane in self._lanes.fast.values())))
         past_bound = held >= self._slow_bound or (self._past_bound and held > self._max_queued // 2)
-        if past_bound:
-            wanted = {tp for tp in self._assigned
-                      if self._left.count(tp) >= READ_AHEAD_MAX and tp not in self._short_of}
-        elif feeding and (held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT or (
-                self._paused and held > self._max_queued // 2)):
-            # With no fast source working here nothing pauses short of the bound: past it the
-            # reading goes on for the fast sources' URLs behind the others.
-            wanted = self._assigned - feeding
-        else:
-            wanted = set()
         now = time.monotonic()
         if past_bound and not self._past_bound:
             self._next_reread = now + REREAD_SECONDS
@@ -594,19 +592,34 @@ class Scheduler:
         # (read while it was paused, or not looked up).
         rewind = (self._past_bound and not past_bound) or (past_bound and now >= self._next_reread)
         self._past_bound = past_bound
-        if wanted != self._paused:
-            await self._feed.pause(sorted(wanted - self._paused))
-            await self._feed.resume(sorted(self._paused - wanted))
-            self._paused = wanted
         if rewind:
             self._next_reread = now + REREAD_SECONDS
-            self._short_of.clear()
+            # The marks stay: read from its first left record, a partition may pause (READ_AHEAD_MAX)
+            # before it reaches a fast source's URLs; a mark reads them again from there.
             positions = {tp: offset for tp, offset in self._left.rewind().items() if tp in self._assigned}
             why = "reread" if past_bound else "half"
+            for tp in self._assigned:  # every partition reads on, a paused one with nothing left too
+                self._left.needed(tp)
         elif past_bound:
             positions, why = self._read_again_for_fast_sources(), "need"
         else:
             positions = {}
+        for tp, offset in positions.items():  # read again: resumed (a paused partition would deliver nothing)
+            self._left.needed(tp)
+            self._marks.sought(tp, offset)
+        if past_bound:
+            wanted = {tp for tp in self._assigned if self._left.unneeded(tp) >= READ_AHEAD_MAX}
+        elif feeding and (held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT or (
+                self._paused and held > self._max_queued // 2)):
+            # With no fast source working here nothing pauses short of the bound: past it the
+            # reading goes on for the fast sources' URLs behind the others.
+            wanted = self._assigned - feeding
+        else:
+            wanted = set()
+        if wanted != self._paused:
+            await self._feed.pause(sorted(wanted - self._paused))
+            await self._feed.resume(sorted(self._paused - wanted))
+            self._paused = wanted
         if positions:
             self._trace.sought(why, positions)
             await self._feed.seek(positions)
@@ -629,10 +642,11 @@ class Scheduler:
                                   "reserved": lane.reserved, "throughput": lane.throughput, "fast": lane.fast}
         partitions = {}
         for tp in sorted(self._assigned):
-            left, short, paused = self._left.count(tp), self._short_of.get(tp), tp in self._paused
+            left, short, paused = self._left.count(tp), self._marks.marks(tp), tp in self._paused
             if left or short or paused:
                 offsets = self._offsets.get(tp)
-                partitions[tp] = {"left": left, "first_left": self._left.first(tp), "short_of": short,
+                partitions[tp] = {"left": left, "unneeded": self._left.unneeded(tp),
+                                  "first_left": self._left.first(tp), "short_of": short,
                                   "paused": paused, "committed": offsets.committed if offsets else None}
         self._trace.emit({"past_bound": self._past_bound, "held": self.held(), "slow_held": held,
                           "fast_held": self._fast_held, "left": len(self._left), "spans": self._left.spans(),
@@ -641,22 +655,26 @@ class Scheduler:
 
     def _read_again_for_fast_sources(self) -> dict[TP, int]:
         """Past the bound, the partitions where a fast source whose queue has run short (under half
-        its limit) left URLs: read again from the first URL it left there (not from the slow
-        sources' before it), at most once per REWIND_INTERVAL each."""
+        its limit) left URLs: read again from the first URL a fast source left there (its mark, not
+        the slow sources' before it), at most once per REWIND_INTERVAL each. A mark moves on as the
+        partition is read past it (``FastMarks``) and goes once nothing at or past it was read."""
         now = time.monotonic()
         positions: dict[TP, int] = {}
-        for tp, firsts in list(self._short_of.items()):
-            if tp not in self._assigned or self._left.first(tp) is None:
-                del self._short_of[tp]
+        for tp in self._marks.partitions():
+            offsets = self._offsets.get(tp)
+            if tp not in self._assigned or offsets is None or self._left.first(tp) is None:
+                self._marks.forget([tp])
                 continue
-            if now < self._rewound_at.get(tp, 0.0) + REWIND_INTERVAL:
+            firsts = self._marks.marks(tp)
+            gone = [source for source, offset in firsts.items() if not offsets.seen(offset)]  # read past all
+            if gone:
+                self._marks.drop(tp, gone)
+            if not firsts or now < self._rewound_at.get(tp, 0.0) + REWIND_INTERVAL:
                 continue
-            short = [offset for source, offset in firsts.items()
-                     if (lane := self._lanes.get(source)) is None or len(lane.queue) < self._queue_limit(lane) // 2]
-            if short:
-                positions[tp] = min(short)
+            if any((lane := self._lanes.get(source)) is None or len(lane.queue) < self._queue_limit(lane) // 2
+                   for source in firsts):
+                positions[tp] = min(firsts.values())
                 self._rewound_at[tp] = now
-                del self._short_of[tp]  # marked again as its URLs are left again
         return positions
 
 
