@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from common.contracts import sent_log_key, source_requests_key, tokens_key
+from common.contracts import rate_limit_key, sent_log_key, source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetching.fetch import FetchError, Fetcher
 from worker.fetching.http_client import HttpClient
@@ -367,6 +367,27 @@ async def test_pacing_survives_a_pause_that_published_rate_zero() -> None:
     await send_for_a_second(tokens, sends)
     assert len(sends) >= 1 and busiest_second(sends)[0] <= allowed_per_second(10.0)
     assert min((b - a for a, b in pairwise(sends)), default=1.0) >= EVEN_GAP
+
+
+@pytest.mark.parametrize("seen, granted, least, most", [
+    (2.0, 20.0, 10, 22),   # doubled and more since the worker's last read of the rates: sent at the new pace
+    (20.0, 2.0, 1, 4),     # cut meanwhile: after one request at the old pace, the new interval (3 a second)
+    (10.0, None, 5, 12),   # no rate in Redis: the worker's view paces
+])
+async def test_the_next_request_is_paced_by_the_grant_read_with_its_token(seen, granted, least, most) -> None:
+    """The pace script returns rate_limit:{source} with the token, so a source's next request
+    follows the monitor's grant of this second, not the worker's read of up to REFRESH_INTERVAL
+    ago (a slow start's doubling went out at the old pace, and its proof read ~0.7 of it)."""
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 1000)
+    if granted is not None:
+        await redis.set(rate_limit_key(SOURCE), granted)
+    view = MonitorView({SOURCE: seen})
+    sends: list[float] = []
+    await send_for_a_second(TokenBuckets(redis, view), sends)
+    assert least <= len(sends) <= most, sends
+    assert busiest_second(sends)[0] <= allowed_per_second(granted or seen)
+    assert view.rate(SOURCE) == (granted or seen)
 
 
 async def test_pacing_script_runs_on_real_redis_with_its_clock(redis_client, unique: str) -> None:

@@ -50,7 +50,7 @@ class FakeRedis:
         assert script == PACED_DECR, "FakeRedis knows only the worker's paced DECR and stats scripts"
 
         async def paced_decr(keys: list[str], args: list[str]) -> list:
-            pace, bucket, requests, log = keys
+            pace, bucket, requests, log, granted = keys
             interval, tolerance, window = float(args[0]), float(args[1]), float(args[3])
             length = int(args[2])
             now = time.time()  # the script reads Redis's clock
@@ -61,7 +61,7 @@ class FakeRedis:
                     else due - tolerance
             due = float(self.store.get(pace, 0))
             if ready(due) > now:
-                return [1, 0, str(ready(due) - now)]
+                return [1, 0, str(ready(due) - now), self.store.get(granted, "")]
             left = await self.decr(bucket) if bucket in self.store else -1  # no bucket: no key made
             if left >= 0:
                 self._incrby(requests, 1)
@@ -70,7 +70,7 @@ class FakeRedis:
                 if length:
                     sent.insert(0, now)
                     del sent[length:]
-            return [0, left, str(max(0.0, ready(due) - now))]
+            return [0, left, str(max(0.0, ready(due) - now)), self.store.get(granted, "")]
         return paced_decr
 
     async def _answered(self, keys: list[str], args: list) -> int:

@@ -104,6 +104,12 @@ class MonitorView:
                 found[source] = max(known)
         return found
 
+    def saw_rate(self, source: str, rate: float | None) -> None:
+        """A source's rate read with its token (``rate_limit:{source}``, newer than the last refresh);
+        None (missing or unreadable) changes nothing."""
+        if rate is not None:
+            self._rates[source] = rate
+
     def decide(self, rates: Mapping[str, float] | None = None, halted: Collection[str] | None = None) -> None:
         """Decisions set by hand, as the monitor would: for tests and benches without one."""
         self._rates.update(rates or {})

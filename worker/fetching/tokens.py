@@ -84,10 +84,10 @@ class SourceHalted(Exception):
 
 
 # One round trip per request: the pace and log checks, the DECR and, when a token was had,
-# the INCR of num_requests:{source}. KEYS: send_pace, currtokens, num_requests, sent_log of
-# the source; ARGV: interval (s, 0 when the rate is unknown), tolerance (s), log length
-# (0: no log), window (s). Returns {paced, tokens left after DECR, seconds until the next
-# send may go}.
+# the INCR of num_requests:{source}. KEYS: send_pace, currtokens, num_requests, sent_log,
+# rate_limit of the source; ARGV: interval (s, 0 when the rate is unknown), tolerance (s), log
+# length (0: no log), window (s). Returns {paced, tokens left after DECR, seconds until the next
+# send may go, the rate the monitor grants now ('' if none)}: the next request is paced by it.
 PACED_DECR = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
@@ -104,7 +104,7 @@ end
 local due = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local at = ready(due)
 if at > now then
-  return {1, 0, tostring(at - now)}
+  return {1, 0, tostring(at - now), redis.call('GET', KEYS[5]) or ''}
 end
 local left = -1
 if redis.call('EXISTS', KEYS[2]) == 1 then  -- a DECR of no bucket would leave a key that never expires
@@ -121,7 +121,7 @@ if left >= 0 then
   end
   at = ready(due)
 end
-return {0, left, tostring(math.max(0, at - now))}
+return {0, left, tostring(math.max(0, at - now)), redis.call('GET', KEYS[5]) or ''}
 """
 
 
@@ -309,10 +309,14 @@ class TokenBuckets:
         # Unknown rate: the bucket alone decides (the monitor publishes the rate with the bucket).
         interval, length, window = (1.0 / rate, send_log_length(rate), window_for(rate)) if rate else (0.0, 0, 0.0)
         asked = time.monotonic()
-        paced, left, wait = await self._paced_decr(
-            keys=[send_pace_key(source), tokens_key(source), source_requests_key(source), sent_log_key(source)],
+        paced, left, wait, granted = await self._paced_decr(
+            keys=[send_pace_key(source), tokens_key(source), source_requests_key(source), sent_log_key(source),
+                  rate_limit_key(source)],
             args=[f"{interval:.6f}", f"{PACE_CATCH_UP_SECONDS:.6f}", str(length), f"{window:.6f}"])
         answered = time.monotonic()
+        # The grant as the monitor wrote it this second: the next request is paced by it, not by
+        # the view's read of up to REFRESH_INTERVAL ago (a doubled grant was sent at the old pace).
+        self._view.saw_rate(source, non_negative(granted))
         self._next_send[source] = answered + float(wait)
         self._used_at[source] = answered
         if left > 0:
