@@ -169,9 +169,10 @@ def response_times_key(source: str, bucket_start: int) -> str:
     return f"response_ms:{source}:{bucket_start}"
 
 
-# Sorted set: each source scored by the Unix time of its latest outcome (workers ZADD with
-# every outcome, nothing else). The monitor's per-second work reads only the sources it names as recent,
-# so that work follows the sources being crawled, not every source ever seen.
+# Sorted set: each source scored by the Unix time of its latest outcome or answer (workers ZADD
+# with every outcome and every response time counted as it comes, nothing else). The monitor's
+# per-second work reads only the sources it names as recent, so that work follows the sources being
+# crawled, not every source ever seen.
 ACTIVE_SOURCES = "active_sources"
 # Sorted set: each source scored by the Unix time a task last waited for its tokens (workers,
 # every ACTIVE_HEARTBEAT_SECONDS while one waits) or a URL of it was split. The regulator grants

@@ -77,6 +77,16 @@ async def test_a_retried_url_counts_one_error_in_the_breakers_minute(redis_clien
     assert await redis_client.get(contracts.errors_key("twice", "500")) == "2"
 
 
+async def test_an_answer_scores_its_source_active_before_its_outcome(redis_client) -> None:
+    """The monitor judges the answers of the sources active lately; an answer counted as it comes
+    makes its source one, so a slow start is judged before the image pool has ended its first URL."""
+    from crawl_monitor.active_sources import active_since
+    before = time.time()
+    await Stats(redis_client).answered("early", 0.2)
+    assert "early" in await active_since(redis_client, before)
+    assert await active_since(redis_client, time.time() + 1) == set()
+
+
 async def test_an_answer_counts_its_bin_and_expires_its_bucket_once(redis_client) -> None:
     """Stats.answered: one script call, the same keys the pipeline it replaced left; a key of the
     wrong type is refused as the pipeline's first error was (the task ends the URL: RedisRefused)."""

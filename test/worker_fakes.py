@@ -79,6 +79,7 @@ class FakeRedis:
         pipe.hincrby(keys[0], args[0], 1)
         if str(args[1]) != "0":
             pipe.expire(keys[0], int(args[1]))
+        pipe.zadd(keys[1], {args[3]: float(args[2])}, gt=True)
         await pipe.execute()
         return 0
 

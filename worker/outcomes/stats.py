@@ -14,8 +14,9 @@ bucket, its expiry set by the first outcome of the bucket this worker records. A
 the image pool analyses has its time counted as it comes (``answered``), not with the
 outcome: the back-off judges the site, and the pool's queue is not the site's.
 
-Every outcome also scores its source in ``active_sources`` with its time: the monitor
-re-reads only the sources recent there, so its work follows the sources being crawled.
+Every outcome, and every answer counted as it comes, also scores its source in ``active_sources``
+with its time: the monitor re-reads only the sources recent there, so its work follows the
+sources being crawled.
 
 A terminal outcome (not a retry) also counts in ``urls_ended:{source}``, in the same
 call: the splitter counts ``urls_split:{source}``, and the difference is the source's
@@ -114,15 +115,19 @@ return errors
 """
 
 
-# A response's time counted as it comes. KEYS: the response bucket; ARGV: 1 its bin, 2 its expiry
-# (0: already set). Both commands run (``pcall``) and the first error is the reply, as a pipeline of
-# the two raises its first.
+# A response's time counted as it comes, and its source scored active: the monitor reads the
+# answers of the sources active lately, and a first outcome waits for the image pool (seconds behind
+# the answers on a busy machine, so a slow start went unjudged that long). KEYS: the response
+# bucket, active_sources; ARGV: 1 its bin, 2 its expiry (0: already set), 3 now, 4 the source. Every
+# command runs (``pcall``) and the first error is the reply, as a pipeline of them raises its first.
 ANSWERED = """
 local counted = redis.pcall('HINCRBY', KEYS[1], ARGV[1], 1)
 local expiring = 0
 if ARGV[2] ~= '0' then expiring = redis.pcall('EXPIRE', KEYS[1], ARGV[2]) end
-if type(counted) == 'table' and counted.err then return counted end
-if type(expiring) == 'table' and expiring.err then return expiring end
+local scored = redis.pcall('ZADD', KEYS[2], 'GT', ARGV[3], ARGV[4])
+for _, reply in ipairs({counted, expiring, scored}) do
+  if type(reply) == 'table' and reply.err then return reply end
+end
 return 0
 """
 
@@ -149,12 +154,14 @@ class Stats:
     async def answered(self, source: str, ttfb: float) -> None:
         """Count a response's time to first byte in the bucket it came in; its outcome is recorded
         later with ``ttfb=None``."""
-        bucket = bucket_start(time.time())
+        now = time.time()
+        bucket = bucket_start(now)
         expiry = 0
         if self._expiring.get(source) != bucket:
             self._expiring[source] = bucket
             expiry = RESPONSE_BUCKET_TTL_SECONDS
-        await self._answered(keys=[response_times_key(source, bucket)], args=[str(bin_of(ttfb)), expiry])
+        await self._answered(keys=[response_times_key(source, bucket), ACTIVE_SOURCES],
+                             args=[str(bin_of(ttfb)), expiry, repr(now), source])
 
     async def record(self, source: str, status: str, success: bool, windows: bool = True,
                      ttfb: float | None = None, *, terminal: bool, retried: bool = False,
