@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from common.contracts import URLS_TOPIC, CrawlRequest, rate_limit_key
@@ -18,6 +20,7 @@ from worker.scheduling.slow_starts import Admission
 from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_SHARE,
                               SLOW_STARTS_DECREASE, SLOW_STARTS_FLOOR)
 
+Handler = Callable[[CrawlRequest], Awaitable[float]]
 pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
 
@@ -97,6 +100,14 @@ def test_the_allowance_holds_slow_starts_to_the_limit() -> None:
     assert 18 <= started <= 21
 
 
+def held_slow_starts() -> Admission:
+    """Slow sources' starts held at the floor, as a late loop would hold them."""
+    admission = Admission()
+    admission.limit = SLOW_STARTS_FLOOR
+    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
+    return admission
+
+
 async def test_probe_measures_the_loops_delay() -> None:
     admission = Admission()
     probe = asyncio.create_task(admission.probe_forever())
@@ -120,10 +131,7 @@ async def test_a_fast_source_starts_beside_slow_ones_held_to_their_allowance(mon
         await asyncio.sleep(60)
         return 0.0
 
-    admission = Admission()
-    admission.limit = SLOW_STARTS_FLOOR  # short of CPU, as update() would find it
-    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
-    scheduler = make(feed, redis, handle, max_tasks=500, admission=admission)
+    scheduler = make(feed, redis, handle, max_tasks=500, admission=held_slow_starts())  # short of CPU
     await run_until(scheduler, lambda: started.count("fast") >= 20, timeout=5)
     slow_started = len(started) - started.count("fast")
     assert slow_started <= 2 + 2 * SLOW_STARTS_FLOOR, slow_started  # before the limit, then its allowance
@@ -191,13 +199,9 @@ async def test_a_source_read_before_its_rate_waits_a_short_turn_not_a_paused_one
     assert PARK_UNJUDGED_SECONDS < PARK_DEFAULT_SECONDS
 
 
-async def test_past_the_bound_a_fast_sources_excess_waits_in_kafka_and_is_read_again_as_it_runs_short(
-        monkeypatch) -> None:
-    """Past the bound a fast source whose queue is full has its next URLs left in Kafka, not parked,
-    and its partition read again from what it left whenever its queue runs short: every one of its
-    URLs is crawled once, none goes round a wait topic, while the slow sources' URLs wait in Kafka."""
-    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
-    monkeypatch.setattr(scheduler_module, "REWIND_INTERVAL", 0.05)
+async def fast_behind_slow_sources(answer_seconds: float) -> tuple[FakeFeed, Any, list[str], Handler]:
+    """A worker's feed with 90 slow sources' URLs (their tasks take a minute: they hold the worker at
+    its bound), ten of them ahead of a fast source's 150 in partition 2; the URLs crawled, in order."""
     slow = [r for n in range(80) for r in records(f"slow{n}", 1, partition=n % 2, first_offset=n)]
     ahead = [r for n in range(80, 90) for r in records(f"slow{n}", 1, partition=2, first_offset=n - 80)]
     feed = FakeFeed(slow + ahead + records("fast", 150, partition=2, first_offset=10), batch_size=20)
@@ -206,16 +210,25 @@ async def test_past_the_bound_a_fast_sources_excess_waits_in_kafka_and_is_read_a
 
     async def handle(request: CrawlRequest) -> float:
         if request.source != "fast":
-            await asyncio.sleep(60)  # the slow sources hold the worker at its bound
+            await asyncio.sleep(60)
         crawled.append(request.uuid)
-        await asyncio.sleep(0.005)
-        return 0.005
+        await asyncio.sleep(answer_seconds)
+        return answer_seconds
 
+    return feed, redis, crawled, handle
+
+
+async def test_past_the_bound_a_fast_sources_excess_waits_in_kafka_and_is_read_again_as_it_runs_short(
+        monkeypatch) -> None:
+    """Past the bound a fast source whose queue is full has its next URLs left in Kafka, not parked,
+    and its partition read again from what it left whenever its queue runs short: every one of its
+    URLs is crawled once, none goes round a wait topic, while the slow sources' URLs wait in Kafka."""
+    monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
+    monkeypatch.setattr(scheduler_module, "REWIND_INTERVAL", 0.05)
+    feed, redis, crawled, handle = await fast_behind_slow_sources(0.005)
     producer = FakeProducer()
-    admission = Admission()
-    admission.limit = SLOW_STARTS_FLOOR  # the slow sources' starts held, as a late loop would hold them
-    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
-    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, producer=producer, admission=admission)
+    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, producer=producer,
+                     admission=held_slow_starts())
     await run_until(scheduler, lambda: len(crawled) == 150, timeout=10)
     assert sorted(crawled) == sorted(f"fast-{i}" for i in range(150))  # each once
     assert not [m for m in parked(producer) if m["source"] == "fast"]
@@ -242,11 +255,8 @@ async def test_past_the_bound_a_fast_sources_urls_left_while_it_was_paused_are_r
         crawled.append(request.uuid)
         return 0.005
 
-    admission = Admission()
-    admission.limit = SLOW_STARTS_FLOOR
-    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
     view = MonitorView()
-    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, view=view, admission=admission)
+    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, view=view, admission=held_slow_starts())
     runner = asyncio.create_task(scheduler.run())
     fast = lambda: [u for u in crawled if u.startswith("fast")]  # noqa: E731
     try:
@@ -276,22 +286,7 @@ async def test_past_the_bound_a_partition_that_left_many_records_is_not_paused_a
     monkeypatch.setattr(scheduler_module, "REWIND_INTERVAL", 0.05)
     monkeypatch.setattr(scheduler_module, "REREAD_SECONDS", 0.3)
     monkeypatch.setattr(scheduler_module, "READ_AHEAD_MAX", 20)
-    slow = [r for n in range(80) for r in records(f"slow{n}", 1, partition=n % 2, first_offset=n)]
-    ahead = [r for n in range(80, 90) for r in records(f"slow{n}", 1, partition=2, first_offset=n - 80)]
-    feed = FakeFeed(slow + ahead + records("fast", 150, partition=2, first_offset=10), batch_size=20)
-    redis = await redis_with({"fast": 5.0} | {f"slow{n}": 0.5 for n in range(90)})
-    crawled: list[str] = []
-
-    async def handle(request: CrawlRequest) -> float:
-        if request.source != "fast":
-            await asyncio.sleep(60)  # the slow sources hold the worker at its bound
-        crawled.append(request.uuid)
-        await asyncio.sleep(0.02)
-        return 0.02
-
-    admission = Admission()
-    admission.limit = SLOW_STARTS_FLOOR
-    admission.update = lambda fast_working, slow_demand: None  # type: ignore[method-assign]
-    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, admission=admission)
+    feed, redis, crawled, handle = await fast_behind_slow_sources(0.02)
+    scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, admission=held_slow_starts())
     await run_until(scheduler, lambda: len(crawled) == 150, timeout=10)
     assert sorted(crawled) == sorted(f"fast-{i}" for i in range(150))  # each once
