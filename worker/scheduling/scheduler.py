@@ -642,11 +642,11 @@ class Scheduler:
                                   "reserved": lane.reserved, "throughput": lane.throughput, "fast": lane.fast}
         partitions = {}
         for tp in sorted(self._assigned):
-            left, short, paused = self._left.count(tp), self._marks.marks(tp), tp in self._paused
-            if left or short or paused:
+            left, marks, paused = self._left.count(tp), self._marks.marks(tp), tp in self._paused
+            if left or marks or paused:
                 offsets = self._offsets.get(tp)
                 partitions[tp] = {"left": left, "unneeded": self._left.unneeded(tp),
-                                  "first_left": self._left.first(tp), "short_of": short,
+                                  "first_left": self._left.first(tp), "marks": marks,
                                   "paused": paused, "committed": offsets.committed if offsets else None}
         self._trace.emit({"past_bound": self._past_bound, "held": self.held(), "slow_held": held,
                           "fast_held": self._fast_held, "left": len(self._left), "spans": self._left.spans(),
@@ -676,7 +676,6 @@ class Scheduler:
                 positions[tp] = min(firsts.values())
                 self._rewound_at[tp] = now
         return positions
-
 
     async def _commit_if_due(self) -> None:
         now = time.monotonic()
