@@ -160,6 +160,11 @@ async def test_metrics_answer_503_when_redis_is_down() -> None:
     assert status_code == 200  # the dashboard still shows the monitor's update and a banner
 
 
+async def sample_times(session: aiohttp.ClientSession, base: str, since: float) -> list[float]:
+    async with session.get(f"{base}/status", params={"since": str(since)}) as response:
+        return [sample["time"] for sample in (await response.json())["history"]]
+
+
 async def test_status_has_the_latest_update_live_sources_and_history(redis_client) -> None:
     await seed(redis_client)
     update = monitoring_update()
@@ -170,11 +175,13 @@ async def test_status_has_the_latest_update_live_sources_and_history(redis_clien
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{base}/status") as response:
                 body = await response.json()
-            last = body["history"][-1]["time"]
-            async with session.get(f"{base}/status", params={"since": str(last)}) as response:
-                assert (await response.json())["history"] == []
+            # The sampler keeps adding every 0.1 s: a later answer may hold newer samples, never older ones.
+            first, last = body["history"][0]["time"], body["history"][-1]["time"]
+            after_first = await sample_times(session, base, since=first)
+            after_last = await sample_times(session, base, since=last)
             async with session.get(f"{base}/status", params={"since": "soon"}) as response:
                 assert response.status == 400
+    assert after_first and min(after_first) > first and all(t > last for t in after_last)
     assert {k: body[k] for k in ("event", "time", "general", "specific")} == update
     flickr = body["sources"]["flickr"]
     assert (flickr["requests"], flickr["successes"], flickr["errors"]) == (13300, 13188, {"500": 20, "Timeout": 2})
