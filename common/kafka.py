@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from collections.abc import Callable, Iterable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from common.contracts import EVENT_KAFKA_CLIENT_ERROR
 from common.jsonlog import log_event
+from common.offset_gaps import OffsetGaps, consume_whole
 
 T = TypeVar("T")
 
@@ -247,22 +248,40 @@ def _resolve(future: asyncio.Future[None], err: KafkaError | None) -> None:
 
 
 class AsyncConsumer:
-    """A Consumer whose every call runs on one dedicated thread."""
+    """A Consumer whose every call runs on one dedicated thread; its messages come without
+    gaps the broker did not mean (``common.offset_gaps``)."""
 
     def __init__(self, config: dict[str, Any]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-consumer")
         self._consumer: Consumer = self._executor.submit(Consumer, config).result()
+        self._gaps = OffsetGaps()
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(consumer, *args)`` on the consumer's thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(self._consumer, *args, **kwargs))
 
-    async def subscribe(self, topics: list[str], **callbacks: Any) -> None:
-        await self.call(lambda c: c.subscribe(topics, **callbacks))
+    async def subscribe(self, topics: list[str], **callbacks: Callable[[Consumer, list[TopicPartition]], None]) -> None:
+        """``on_assign``, ``on_revoke``, ``on_lost`` as librdkafka's; the partitions they name
+        start again without an expected offset (an assignment places them anew)."""
+        def forgetting(callback: Callable[[Consumer, list[TopicPartition]], None]) -> Callable[..., None]:
+            def call(consumer: Consumer, parts: list[TopicPartition]) -> None:
+                self._gaps.forget((part.topic, part.partition) for part in parts)
+                callback(consumer, parts)
+            return call
+        wrapped = {name: forgetting(callback) for name, callback in callbacks.items()}
+        await self.call(lambda c: c.subscribe(topics, **wrapped))
 
     async def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        return await self.call(lambda c: c.consume(num_messages=num_messages, timeout=timeout))
+        return await self.call(lambda c: consume_whole(c, self._gaps, num_messages, timeout))
+
+    async def seek(self, positions: dict[tuple[str, int], int]) -> None:
+        """Read each partition again from its offset (it must be assigned to this consumer)."""
+        def seek_all(consumer: Consumer) -> None:
+            for (topic, partition), offset in positions.items():
+                consumer.seek(TopicPartition(topic, partition, offset))
+                self._gaps.moved((topic, partition), offset)
+        await self.call(seek_all)
 
     async def commit_offsets(self, offsets: list) -> None:
         """Synchronously commit explicit offsets (``TopicPartition`` with next offset)."""

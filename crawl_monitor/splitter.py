@@ -29,6 +29,7 @@ from common import contracts
 from common.jsonlog import log_event
 from common.kafka import (TopicCreator, consumer_config, coordinates, produce_waiting, producer_config,
                           refuses_the_message)
+from common.offset_gaps import OffsetGaps, consume_whole
 from common.settings import Settings
 from common.protocols import SyncRedis
 from crawl_monitor.constants import (SPLIT_BATCH_SIZE, SPLIT_FLUSH_SECONDS,
@@ -104,6 +105,7 @@ class Splitter:
                  inbound_topic: str = contracts.INBOUND_TOPIC, batch_size: int = SPLIT_BATCH_SIZE,
                  poll_seconds: float = SPLIT_POLL_SECONDS, url_partitions: int = 1):
         self._consumer = consumer
+        self._gaps = OffsetGaps()
         self._producer = producer
         self._redis = redis
         self._limit_of = limit_of
@@ -143,7 +145,7 @@ class Splitter:
 
     def split_once(self, stop: threading.Event) -> int:
         """Split one batch; return how many messages went to ``urls``."""
-        messages = self._consumer.consume(num_messages=self._batch_size, timeout=self._poll_seconds)
+        messages = consume_whole(self._consumer, self._gaps, self._batch_size, self._poll_seconds)
         if not messages:
             return 0
         plan = plan_batch(messages, self._inbound_topic, self.url_partitions, self._limit_of)

@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from common import contracts
 from common.jsonlog import log_event
 from common.kafka import consumer_config, ensure_topics
+from common.offset_gaps import OffsetGaps, assigned_at, consume_whole
 from common.contracts import INBOUND_PARTITIONS
 from common.settings import load_settings
 from url_lists.progress import save_json_atomically
@@ -84,6 +85,7 @@ class Exporter:
     def __init__(self, consumer: Consumer, out_dir: Path, output_format: str, shard_rows: int,
                  shard_seconds: float):
         self._consumer = consumer
+        self._gaps = OffsetGaps()
         self._out = out_dir
         self._format = output_format
         self._shard_rows = shard_rows
@@ -116,6 +118,7 @@ class Exporter:
                 self._read[name] = start
                 assignment.append(TopicPartition(topic, partition, start))
         self._consumer.assign(assignment)
+        assigned_at(self._gaps, assignment)
         return set(self._read)
 
     def run(self, partitions: set[str], follow: bool) -> None:
@@ -124,7 +127,7 @@ class Exporter:
         shard_started = time.monotonic()
         left = set(partitions)
         while follow or left:
-            for message in self._consumer.consume(num_messages=5_000, timeout=0.5):
+            for message in consume_whole(self._consumer, self._gaps, 5_000, 0.5):
                 topic, partition, offset = message.topic(), message.partition(), message.offset()
                 if topic is None or partition is None or offset is None:
                     continue

@@ -17,6 +17,7 @@ from common import contracts
 from common.contracts import INBOUND_PARTITIONS
 from common.jsonlog import log_event
 from common.kafka import consumer_config, ensure_topics
+from common.offset_gaps import OffsetGaps, assigned_at, consume_whole
 
 DATASET_GROUP = "image_crawler_dataset"  # never joined nor committed to: partitions are assigned
 WATERMARK_TIMEOUT = 10.0
@@ -45,6 +46,7 @@ class KafkaOutcomes:
         ensure_topics(hosts, topics, INBOUND_PARTITIONS)
         self._topics = topics
         self._consumer = Consumer(consumer_config(hosts, DATASET_GROUP))
+        self._gaps = OffsetGaps()
 
     def start(self, saved: dict[str, int], since: float) -> dict[str, int]:
         metadata = self._consumer.list_topics(timeout=WATERMARK_TIMEOUT)
@@ -56,8 +58,10 @@ class KafkaOutcomes:
         for tp in partitions:
             name = partition_name(tp.topic, tp.partition)
             starts[name] = saved[name] if name in saved else found[name]
-        self._consumer.assign([TopicPartition(tp.topic, tp.partition, starts[partition_name(tp.topic, tp.partition)])
-                               for tp in partitions])
+        assignment = [TopicPartition(tp.topic, tp.partition, starts[partition_name(tp.topic, tp.partition)])
+                      for tp in partitions]
+        self._consumer.assign(assignment)
+        assigned_at(self._gaps, assignment)
         return starts
 
     def _offsets_since(self, partitions: list[TopicPartition], since: float) -> dict[str, int]:
@@ -82,7 +86,7 @@ class KafkaOutcomes:
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         records = []
-        for message in self._consumer.consume(num_messages=max_messages, timeout=timeout):
+        for message in consume_whole(self._consumer, self._gaps, max_messages, timeout):
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             if message.error() is not None or topic is None or partition is None or offset is None:
                 continue

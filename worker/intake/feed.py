@@ -182,10 +182,7 @@ class KafkaFeed:
 
     async def seek(self, positions: dict[TP, int]) -> None:
         """Read each partition again from ``position`` (it must be assigned to this consumer)."""
-        def seek_all(consumer: Consumer) -> None:
-            for (t, p), offset in positions.items():
-                consumer.seek(TopicPartition(t, p, offset))
-        await self._consumer.call(seek_all)
+        await self._consumer.seek(positions)
 
     async def commit(self, positions: dict[TP, int]) -> bool:
         """Commit each partition's position (the next offset to read); False if the broker refused."""
