@@ -13,6 +13,7 @@ import pytest
 from common.contracts import URLS_TOPIC, CrawlRequest, rate_limit_key
 from test.test_worker_scheduler import make, never_ends, parked, records, redis_with, run_until, until
 from test.worker_fakes import FakeFeed, FakeProducer
+from worker.intake import read_ahead as read_ahead_module
 from worker.scheduling import scheduler as scheduler_module
 from worker.monitor_view import MonitorView
 from worker.scheduling import sizing
@@ -224,7 +225,7 @@ async def test_past_the_bound_a_fast_sources_excess_waits_in_kafka_and_is_read_a
     and its partition read again from what it left whenever its queue runs short: every one of its
     URLs is crawled once, none goes round a wait topic, while the slow sources' URLs wait in Kafka."""
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
-    monkeypatch.setattr(scheduler_module, "REWIND_INTERVAL", 0.05)
+    monkeypatch.setattr(read_ahead_module, "REWIND_INTERVAL", 0.05)
     feed, redis, crawled, handle = await fast_behind_slow_sources(0.005)
     producer = FakeProducer()
     scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, producer=producer,
@@ -240,7 +241,7 @@ async def test_past_the_bound_a_fast_sources_urls_left_while_it_was_paused_are_r
     """Every REREAD_SECONDS past the bound every partition is read again from what it left: a fast
     source's URLs left while it was paused come in once the pause ends, though nothing marked them."""
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
-    monkeypatch.setattr(scheduler_module, "REREAD_SECONDS", 0.3)
+    monkeypatch.setattr(read_ahead_module, "REREAD_SECONDS", 0.3)
     slow = [r for n in range(80) for r in records(f"slow{n}", 1, partition=n % 2, first_offset=n)]
     feed = FakeFeed(records("fast", 1, partition=2) + slow, batch_size=20)
     redis = await redis_with({"fast": 100.0} | {f"slow{n}": 0.5 for n in range(80)})
@@ -283,9 +284,9 @@ async def test_past_the_bound_a_partition_that_left_many_records_is_not_paused_a
     (every REREAD_SECONDS, or by need) resumes it: its URLs are all crawled, though the partition
     left far more than READ_AHEAD_MAX of them (it once stayed paused for minutes)."""
     monkeypatch.setattr(scheduler_module, "REFRESH_INTERVAL", 0.05)
-    monkeypatch.setattr(scheduler_module, "REWIND_INTERVAL", 0.05)
-    monkeypatch.setattr(scheduler_module, "REREAD_SECONDS", 0.3)
-    monkeypatch.setattr(scheduler_module, "READ_AHEAD_MAX", 20)
+    monkeypatch.setattr(read_ahead_module, "REWIND_INTERVAL", 0.05)
+    monkeypatch.setattr(read_ahead_module, "REREAD_SECONDS", 0.3)
+    monkeypatch.setattr(read_ahead_module, "READ_AHEAD_MAX", 20)
     feed, redis, crawled, handle = await fast_behind_slow_sources(0.02)
     scheduler = make(feed, redis, handle, max_tasks=50, max_queued=50, admission=held_slow_starts())
     await run_until(scheduler, lambda: len(crawled) == 150, timeout=10)

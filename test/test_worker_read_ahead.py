@@ -2,8 +2,9 @@
 taken on the second reading, and the commit held below the first of them."""
 from __future__ import annotations
 
+import pytest
 from worker.intake.offsets import PartitionOffsets
-from worker.intake.read_ahead import FastMarks, LeftBehind
+from worker.intake.read_ahead import FastMarks, LeftBehind, past_the_bound, pause_short_of_the_bound
 
 TP0, TP1 = ("urls", 0), ("urls", 1)
 
@@ -72,3 +73,28 @@ def test_a_fast_sources_mark_moves_on_as_its_partition_is_read_past_it_and_survi
     assert marks.marks(TP0) == {"fast": 130}
     marks.drop(TP0, ["fast"])
     assert marks.partitions() == []
+
+
+@pytest.mark.parametrize("held, was_past, past", [
+    (8_999, False, False),  # MAX_QUEUED_URLS 10,000 less FAST_ROOM (10%): 9,000
+    (9_000, False, True),
+    (9_000, True, True),
+    (5_001, True, True),    # past it until half has gone
+    (5_000, True, False),
+    (5_001, False, False),
+])
+def test_past_the_bound_from_the_bound_less_the_fast_room_until_half_has_gone(
+        held: int, was_past: bool, past: bool) -> None:
+    assert past_the_bound(held, 10_000, was_past) is past
+
+
+@pytest.mark.parametrize("held, pausing, pause", [
+    (7_499, False, False),  # SLOW_PARTITIONS_PAUSE_AT: 75% of MAX_QUEUED_URLS 10,000
+    (7_500, False, True),
+    (7_499, True, True),    # paused until half has gone
+    (5_001, True, True),
+    (5_000, True, False),
+])
+def test_short_of_the_bound_the_partitions_feeding_no_fast_source_pause_from_three_quarters_until_half(
+        held: int, pausing: bool, pause: bool) -> None:
+    assert pause_short_of_the_bound(held, 10_000, pausing) is pause

@@ -16,7 +16,7 @@ source's go to ``urls_halted`` until it resumes (``worker.parking.hand_back_on_r
 What the worker holds is bounded by MAX_QUEUED_URLS: near it the partitions that feed no fast
 source are paused; past it the worker reads on but takes only the URLs of fast sources, which
 need URLs every few seconds, and leaves the others in Kafka, uncommitted, to read them again once
-half has gone (``worker.intake.read_ahead``).
+half has gone (``worker.intake.read_ahead.ReadAhead``).
 
 Offsets are committed per partition up to the lowest unfinished message,
 and a task (or a park) finishes only after its outcome is acknowledged, so a
@@ -39,19 +39,14 @@ from common.contracts import (EVENT_TASK_CRASHED, EVENT_WORKER_DRAINING, EVENT_W
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis, MessageProducer
 from worker import metrics
-from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_LEARNED_MAX, FAST_ROOM, FAST_SOURCE_RATE,
-                              FINISHED_FLUSH_INTERVAL, FORGET_ABOVE, LATENCY_SMOOTHING, LEARNED_SECONDS,
-                              LOOKUP_INTERVAL, LOOKUP_MAX,
-                              MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH, OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT,
-                              READ_AHEAD_MAX, REFRESH_INTERVAL, REREAD_SECONDS, REWIND_INTERVAL,
-                              SLOW_PARTITIONS_PAUSE_AT)
+from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_SOURCE_RATE, FINISHED_FLUSH_INTERVAL,
+                              FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
+                              OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT, REFRESH_INTERVAL)
 from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
 from worker.intake.feed import TP, Feed, Record
 from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
-from worker.intake.read_ahead import FastMarks, LeftBehind
-from worker.intake.reading_trace import (LEFT_FULL, LEFT_SLOW, LEFT_STOPPED, LEFT_UNKNOWN, SKIPPED_AGAIN, TAKEN,
-                                         TAKEN_AGAIN, ReadingTrace)
+from worker.intake.read_ahead import ReadAhead
 from worker.monitor_view import MonitorView
 from worker.parking.hand_over import hand_on, reject
 from worker.parking.wait_topics import ahead_of_turn, next_turn, parked_message, wait_message
@@ -103,18 +98,8 @@ class Scheduler:
         self._paused: set[TP] = set()              # partitions paused: MAX_QUEUED_URLS (nearly) reached
         self._finished = FinishedRecord(redis)     # offsets finished above the commits, for the next owner
         self._skips = Skips()                      # offsets a previous owner finished: not read again
-        self._left = LeftBehind()                  # records read past the bound and left in Kafka
-        self._trace = ReadingTrace()               # what was left and why, logged every few seconds
-        self._past_bound = False                   # reading past MAX_QUEUED_URLS: only fast sources' URLs taken
-        self._unknown: dict[str, dict[TP, int]] = {}  # sources read past the bound, rate unknown: first URL left where
-        self._learned: dict[str, tuple[float, float]] = {}  # fast sources by a look-up: (pace, when)
-        self._was_fast: set[str] = set()           # sources found fast past the bound: looked up again when read
-        self._marks = FastMarks()                  # where fast sources' URLs were left (their queue full)
-        self._rewound_at: dict[TP, float] = {}     # when a partition was last read again for them
-        self._next_lookup = 0.0
-        self._next_reread = 0.0                    # past the bound, when every partition is read again
-        self._fast_held = 0                        # the fast sources' queued URLs, at the last bound check
-        self._slow_bound = max_queued - int(max_queued * FAST_ROOM)  # the others' URLs held at most
+        # Past MAX_QUEUED_URLS: only fast sources' URLs taken, the others left in Kafka and read again.
+        self._read_ahead = ReadAhead(max_queued, view, self._lanes, self._pace, self._queue_limit)
         self._new_work = False                     # a source was queued here since the last refresh
         self._next_refresh = 0.0
         self._last_refresh = 0.0
@@ -137,7 +122,7 @@ class Scheduler:
                 await self._rebalanced(batch.assigned, batch.revoked, batch.rebalance)
                 for record in batch.records:
                     self._accept(record)
-                await self._look_up_if_due()
+                await self._read_ahead.look_up_if_due(self._redis)
                 self._reallocate()
                 self._dispatch()
                 await self._bound_reading()
@@ -232,10 +217,7 @@ class Scheduler:
         if revoked:
             await self._finished.flush()  # what finished here, for the next owner
             self._skips.forget(revoked)
-            self._left.forget(revoked)  # uncommitted: the next owner reads them from the commit
-            for tp in revoked:
-                self._rewound_at.pop(tp, None)
-            self._marks.forget(revoked)
+            self._read_ahead.forget(revoked)  # uncommitted: the next owner reads them from the commit
         for tp in revoked:
             # Another worker owns it now (or this one again, from its commit): forget its queued
             # URLs, and stop its crawls, which could not be committed. A request already sent is
@@ -256,7 +238,7 @@ class Scheduler:
         # Before any of their records is taken: what a previous owner finished above the commit.
         loaded = await self._finished.load(assigned)
         self._skips.add(loaded)
-        if assigned and self._paused and not self._past_bound:
+        if assigned and self._paused and not self._read_ahead.past_bound:
             await self._feed.pause(assigned)  # the feed starts them unpaused
             self._paused.update(assigned)
         if assigned or revoked:
@@ -265,25 +247,17 @@ class Scheduler:
                       finished_skipped=sum(len(o) for o in loaded.values()), **timing)
 
     def _accept(self, record: Record) -> None:
-        if not self._past_bound and self.held() - self._fast_held >= self._slow_bound:  # not a batch later
-            self._past_bound = True
-            self._next_reread = time.monotonic() + REREAD_SECONDS
-        tp = (record.topic, record.partition)
-        self._marks.read(tp, record.offset)
+        tp, held = (record.topic, record.partition), self.held()
+        read_ahead = self._read_ahead
+        read_ahead.read(tp, record.offset, held)  # past the bound from this record on, not a batch later
         offsets = self._offsets.get(tp)
         if offsets is not None and offsets.seen(record.offset):
             # Read again after a rewind: new only if it was left past the bound.
-            if not self._left.holds(tp, record.offset):
-                self._trace.note(tp, SKIPPED_AGAIN)
-                if self._past_bound:
-                    self._left.read_unneeded(tp)
+            if not read_ahead.takes_again(record, tp, held):
                 return
-            if self._past_bound and not self._admitted(record, tp, look_up=False):
-                return
-            self._left.take(tp, record.offset)
             offsets.add(record.offset)
-            offsets.held_back = self._left.first(tp)
-        elif self._past_bound and not self._admitted(record, tp):
+            offsets.held_back = read_ahead.first_left(tp)
+        elif not read_ahead.takes(record, tp, held):
             self._leave(record)
             return
         elif not take_new(record, self._offsets, self._skips):
@@ -308,58 +282,6 @@ class Scheduler:
         lane.queue.append(job)
         self._queued += 1
 
-    def _admitted(self, record: Record, tp: TP, look_up: bool = True) -> bool:
-        """Past the bound, whether a URL is taken: its source is paced at FAST_SOURCE_RATE or more
-        (it needs URLs every few seconds), not stopped, and its queue here not full (else the URL is
-        left in Kafka, and the partition read again from what it left once the queue runs short:
-        no turn round the wait topics). A source not working here (unknown, or its rate stale) is
-        looked up, for its next URLs (``look_up``: on a record's first reading; on later readings
-        only a source that was fast before); a message that is no crawl request is taken (to reject it).
-        What it decides is traced (``worker.intake.reading_trace``)."""
-        outcome, source = self._admission_past_bound(record, tp, look_up)
-        if outcome in (TAKEN, LEFT_FULL):  # a fast source's: its partition reads on
-            self._left.needed(tp)
-        else:
-            self._left.read_unneeded(tp)
-        watched = source if source in self._was_fast or source in self._learned else None
-        self._trace.note(tp, TAKEN_AGAIN if outcome == TAKEN and not look_up else outcome, watched)
-        return outcome == TAKEN
-
-    def _admission_past_bound(self, record: Record, tp: TP, look_up: bool) -> tuple[str, str | None]:
-        if record.key:
-            source = record.key.decode("utf-8", "replace")
-        else:
-            try:
-                source = parse_crawl_request(record.value).source
-            except InvalidMessage:
-                return TAKEN, None
-        view = self._view
-        if source in view.stopped:
-            return LEFT_STOPPED, source
-        lane = self._lanes.get(source)
-        learned = self._learned.get(source)
-        if lane is not None and lane.working and view.rate(source) is not None:  # its rate read lately
-            pace = self._pace(source)
-        elif learned is not None and time.monotonic() < learned[1] + LEARNED_SECONDS:
-            pace = learned[0]
-        else:  # unknown here, or known from before it went idle here (a stale rate): looked up
-            was_fast = source in self._was_fast or self._pace(source) >= FAST_SOURCE_RATE  # a stale rate: a hint
-            if (look_up or was_fast) and (source in self._unknown or len(self._unknown) < LOOKUP_MAX):
-                _note_first(self._unknown.setdefault(source, {}), tp, record.offset)
-            return LEFT_UNKNOWN, source
-        if pace < FAST_SOURCE_RATE:
-            return LEFT_SLOW, source
-        self._was_fast.add(source)
-        if self.held() < self._max_queued:  # the fast sources' room: the bound holds for all
-            if lane is None:
-                return TAKEN, source
-            limit = sizing.queue_limit(True, pace, lane.reserved) if learned is not None and not lane.working \
-                else self._queue_limit(lane)
-            if len(lane.queue) < limit:
-                return TAKEN, source
-        self._marks.left(tp, source, record.offset)
-        return LEFT_FULL, source
-
     def _leave(self, record: Record) -> None:
         """Left in Kafka, past the bound: not held, not committed; read again after the rewind."""
         tp = (record.topic, record.partition)
@@ -370,34 +292,8 @@ class Scheduler:
         offsets.passed(record.offset)
         if self._skips.take(tp, record.offset):  # a previous owner finished it
             return
-        self._left.leave(tp, record.offset)
-        offsets.held_back = self._left.first(tp)
-
-    async def _look_up_if_due(self) -> None:
-        """The rates (or limits) of the sources read past the bound and unknown here: those found
-        fast have their next URLs taken."""
-        now = time.monotonic()
-        if not self._unknown or now < self._next_lookup:
-            return
-        self._next_lookup = now + LOOKUP_INTERVAL
-        unknown, self._unknown = self._unknown, {}
-        try:
-            found = await self._view.potential(self._redis, sorted(unknown))
-        except Exception as exc:  # noqa: BLE001 - Redis away: they are looked up when read again
-            log_event(EVENT_WORKER_REFRESH_FAILED, error=repr(exc)[:300])
-            return
-        if len(self._learned) > FAST_LEARNED_MAX:
-            self._learned.clear()
-        if len(self._was_fast) > FAST_LEARNED_MAX:
-            self._was_fast.clear()
-        now = time.monotonic()
-        for source, pace in found.items():
-            if pace >= FAST_SOURCE_RATE:
-                self._learned[source] = (pace, now)
-                for tp, offset in unknown[source].items():  # left before it was known: read again by need
-                    self._marks.left(tp, source, offset)
-            else:
-                self._learned.pop(source, None)
+        self._read_ahead.leave(tp, record.offset)
+        offsets.held_back = self._read_ahead.first_left(tp)
 
     async def _reject(self, record: Record, error: str) -> float:
         await reject(self._producer, record, error)
@@ -571,111 +467,17 @@ class Scheduler:
 
     # --- flow control and commits -----------------------------------------------
     async def _bound_reading(self) -> None:
-        """The bound on the worker's memory, whatever the number of sources: past MAX_QUEUED_URLS
-        held here (queued or being parked) less FAST_ROOM of it (the fast sources' queues not
-        counted), every partition is read on, but only the fast sources' URLs are taken, up to the
-        bound itself; the others are left in Kafka (``worker.intake.read_ahead``), a partition that
-        read READ_AHEAD_MAX in a row that no fast source needed is paused until it is read again.
-        At half the bound the partitions are read again from what they left (and every
-        REREAD_SECONDS past it; a fast source short of URLs, from the first it left).
-
-        Short of the bound (from SLOW_PARTITIONS_PAUSE_AT of it), and until half has gone, only the
-        partitions that feed a fast source are read: its URLs come back there from their wait."""
-        self._fast_held = fast_held = sum(len(lane.queue) for lane in self._lanes.fast.values())
-        held = self.held() - fast_held
-        feeding = self._assigned.intersection(set().union(*(lane.fed_from for lane in self._lanes.fast.values())))
-        past_bound = held >= self._slow_bound or (self._past_bound and held > self._max_queued // 2)
-        now = time.monotonic()
-        if past_bound and not self._past_bound:
-            self._next_reread = now + REREAD_SECONDS
-        # At half the bound; and every REREAD_SECONDS past it, for a fast source's URLs left unmarked
-        # (read while it was paused, or not looked up).
-        rewind = (self._past_bound and not past_bound) or (past_bound and now >= self._next_reread)
-        self._past_bound = past_bound
-        if rewind:
-            self._next_reread = now + REREAD_SECONDS
-            # The marks stay: read from its first left record, a partition may pause (READ_AHEAD_MAX)
-            # before it reaches a fast source's URLs; a mark reads them again from there.
-            positions = {tp: offset for tp, offset in self._left.rewind().items() if tp in self._assigned}
-            why = "reread" if past_bound else "half"
-            for tp in self._assigned:  # every partition reads on, a paused one with nothing left too
-                self._left.needed(tp)
-        elif past_bound:
-            positions, why = self._read_again_for_fast_sources(), "need"
-        else:
-            positions = {}
-        for tp, offset in positions.items():  # read again: resumed (a paused partition would deliver nothing)
-            self._left.needed(tp)
-            self._marks.sought(tp, offset)
-        if past_bound:
-            wanted = {tp for tp in self._assigned if self._left.unneeded(tp) >= READ_AHEAD_MAX}
-        elif feeding and (held >= self._max_queued * SLOW_PARTITIONS_PAUSE_AT or (
-                self._paused and held > self._max_queued // 2)):
-            # With no fast source working here nothing pauses short of the bound: past it the
-            # reading goes on for the fast sources' URLs behind the others.
-            wanted = self._assigned - feeding
-        else:
-            wanted = set()
-        if wanted != self._paused:
-            await self._feed.pause(sorted(wanted - self._paused))
-            await self._feed.resume(sorted(self._paused - wanted))
-            self._paused = wanted
-        if positions:
-            self._trace.sought(why, positions)
-            await self._feed.seek(positions)
-        if self._trace.due() and (past_bound or len(self._left)):
-            self._trace_reading(held)
-
-    def _trace_reading(self, held: int) -> None:
-        """The reading past the bound as it stands: the fast sources' lanes, and per partition what
-        it left, the fast sources' first URLs left there, whether it is paused."""
-        view, now = self._view, time.monotonic()
-        watched = set(self._lanes.fast) | set(self._learned) | set(list(self._was_fast)[:20])
-        lanes = {}
-        for source in sorted(watched):
-            lane = self._lanes.get(source)
-            lanes[source] = {"rate": view.rate(source), "slow_start": view.slow_start_limit(source),
-                             "learned": [round(v, 1) for v in self._learned[source]] if source in self._learned
-                             else None}
-            if lane is not None:
-                lanes[source] |= {"queue": len(lane.queue), "limit": self._queue_limit(lane), "running": lane.running,
-                                  "reserved": lane.reserved, "throughput": lane.throughput, "fast": lane.fast}
-        partitions = {}
-        for tp in sorted(self._assigned):
-            left, marks, paused = self._left.count(tp), self._marks.marks(tp), tp in self._paused
-            if left or marks or paused:
-                offsets = self._offsets.get(tp)
-                partitions[tp] = {"left": left, "unneeded": self._left.unneeded(tp),
-                                  "first_left": self._left.first(tp), "marks": marks,
-                                  "paused": paused, "committed": offsets.committed if offsets else None}
-        self._trace.emit({"past_bound": self._past_bound, "held": self.held(), "slow_held": held,
-                          "fast_held": self._fast_held, "left": len(self._left), "spans": self._left.spans(),
-                          "unknown": len(self._unknown), "was_fast": len(self._was_fast), "now": round(now, 1),
-                          "next_reread_in": round(self._next_reread - now, 1), "lanes": lanes}, partitions)
-
-    def _read_again_for_fast_sources(self) -> dict[TP, int]:
-        """Past the bound, the partitions where a fast source whose queue has run short (under half
-        its limit) left URLs: read again from the first URL a fast source left there (its mark, not
-        the slow sources' before it), at most once per REWIND_INTERVAL each. A mark moves on as the
-        partition is read past it (``FastMarks``) and goes once nothing at or past it was read."""
-        now = time.monotonic()
-        positions: dict[TP, int] = {}
-        for tp in self._marks.partitions():
-            offsets = self._offsets.get(tp)
-            if tp not in self._assigned or offsets is None or self._left.first(tp) is None:
-                self._marks.forget([tp])
-                continue
-            firsts = self._marks.marks(tp)
-            gone = [source for source, offset in firsts.items() if not offsets.seen(offset)]  # read past all
-            if gone:
-                self._marks.drop(tp, gone)
-            if not firsts or now < self._rewound_at.get(tp, 0.0) + REWIND_INTERVAL:
-                continue
-            if any((lane := self._lanes.get(source)) is None or len(lane.queue) < self._queue_limit(lane) // 2
-                   for source in firsts):
-                positions[tp] = min(firsts.values())
-                self._rewound_at[tp] = now
-        return positions
+        """The bound on the worker's memory, whatever the number of sources: near and past
+        MAX_QUEUED_URLS, the partitions paused and read again where ``ReadAhead.bound`` says."""
+        reading = self._read_ahead.bound(self.held(), self._assigned, self._paused, self._offsets)
+        if reading.paused != self._paused:
+            await self._feed.pause(sorted(reading.paused - self._paused))
+            await self._feed.resume(sorted(self._paused - reading.paused))
+            self._paused = reading.paused
+        if reading.seek:
+            self._read_ahead.seeking(reading)
+            await self._feed.seek(reading.seek)
+        self._read_ahead.trace_if_due(self.held(), self._assigned, self._paused, self._offsets)
 
     async def _commit_if_due(self) -> None:
         now = time.monotonic()
@@ -742,8 +544,3 @@ class Scheduler:
         read again at each refresh until the monitor has saved it."""
         return len(lane.queue) > 4 * MIN_TASKS_PER_SOURCE and not self._view.judged(lane.source)
 
-
-def _note_first(firsts: dict, key: object, offset: int) -> None:
-    """``firsts[key]``: the lowest offset noted for it."""
-    if key not in firsts or offset < firsts[key]:
-        firsts[key] = offset
