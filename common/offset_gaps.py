@@ -31,6 +31,7 @@ class OffsetGaps:
         self._clock = clock
         self._next: dict[TP, int] = {}                 # offset expected next, where known
         self._gaps: dict[TP, tuple[int, int, float]] = {}  # (gap's end, reads again, first seen)
+        self.rereads = 0  # partitions sought back to a gap, in all
 
     def moved(self, tp: TP, offset: int | None) -> None:
         """The consumer was placed at ``offset`` (a seek or an assignment; None: not known)."""
@@ -61,6 +62,7 @@ class OffsetGaps:
             expected = self._next.get(tp)
             if expected is not None and offset > expected and not self._believed(tp, expected, offset):
                 reread[tp] = expected
+                self.rereads += 1
                 continue
             self._gaps.pop(tp, None)
             self._next[tp] = offset + 1

@@ -102,5 +102,5 @@ def test_consume_whole_reads_a_gap_again_and_hands_on_every_record_once() -> Non
     first = consume_whole(consumer, gaps, 100, 0.1)
     second = consume_whole(consumer, gaps, 100, 0.1)
     assert offsets(first) == [(0, 0), (0, 1), (0, 2)]
-    assert consumer.seeks == [(0, 3)]
+    assert consumer.seeks == [(0, 3)] and gaps.rereads == 1
     assert offsets(second) == [(0, 3), (0, 4), (0, 5), (0, 6)]
