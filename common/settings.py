@@ -65,6 +65,9 @@ class Settings:
     max_retries: int = 1
     url_partitions: int = 256
     max_queued_urls: int = 10_000
+    # (index, count): this worker reads the urls partitions p with p % count == index, with no group
+    # join nor rebalance (the embedded crawl's workers, url_lists.crawl.local); None: the group's share.
+    url_partition_share: tuple[int, int] | None = None
     crawl_user_agent: str = DEFAULT_USER_AGENT
     crawl_allow_private_networks: bool = False
     max_image_bytes: int = 50 * 1024 * 1024
@@ -132,6 +135,7 @@ class Settings:
             max_retries=get("MAX_RETRIES", _in(int, 0, 100), d.max_retries),
             url_partitions=get("URL_PARTITIONS", _in(int, 1, 10_000), d.url_partitions),
             max_queued_urls=get("MAX_QUEUED_URLS", _in(int, 10, 10_000_000), d.max_queued_urls),
+            url_partition_share=get("URL_PARTITION_SHARE", _share, None),
             crawl_user_agent=get("CRAWL_USER_AGENT", _user_agent, d.crawl_user_agent),
             crawl_allow_private_networks=get("CRAWL_ALLOW_PRIVATE_NETWORKS", _bool, False),
             max_image_bytes=get("MAX_IMAGE_BYTES", _in(int, 1024, 2**40), d.max_image_bytes),
@@ -166,6 +170,17 @@ class Settings:
             kwargs["aws_access_key_id"] = self.aws_access_key_id
             kwargs["aws_secret_access_key"] = self.aws_secret_access_key
         return kwargs
+
+
+def _share(raw: str) -> tuple[int, int]:
+    """``index/count``, 0 <= index < count <= 10,000."""
+    index, slash, count = raw.partition("/")
+    if not slash:
+        raise ValueError("expected index/count, such as 0/2")
+    share = int(index), int(count)
+    if not 0 <= share[0] < share[1] <= 10_000:
+        raise ValueError("expected 0 <= index < count <= 10000")
+    return share
 
 
 def _nonempty(raw: str) -> str:

@@ -22,6 +22,11 @@ def test_defaults_match_the_spec() -> None:
     assert s.consent_tdmrep and s.consent_content_usage and s.consent_x_robots_tag
 
 
+@pytest.mark.parametrize("raw, parsed", [("", None), ("0/2", (0, 2)), (" 3/4 ", (3, 4))])
+def test_url_partition_share_is_index_of_count(raw: str, parsed: tuple[int, int] | None) -> None:
+    assert Settings.from_env({"URL_PARTITION_SHARE": raw}).url_partition_share == parsed
+
+
 @pytest.mark.parametrize("raw, parsed", [("lists", "lists"), ("ALL", "all"), ("none", "none")])
 def test_discovery_sources_is_one_of_three(raw: str, parsed: str) -> None:
     assert Settings.from_env({"DISCOVERY_SOURCES": raw, "DISCOVERY_MAX_RATE": "40"}).discovery_sources == parsed
@@ -42,6 +47,7 @@ def test_consent_lists_are_parsed() -> None:
     ("DISCOVERY_MAX_RATE", "0"), ("DISCOVERY_MAX_RATE", "fast"), ("DISCOVERY_SOURCES", "catalog"),
     ("ROBOTS_EXTRA_TOKENS", "CC Bot"), ("ROBOTS_EXTRA_TOKENS", "bot/1.0"), ("CONSENT_TDMREP", "sometimes"),
     ("CONTENT_USAGE_CATEGORIES", "train ai"), ("X_ROBOTS_TAG_OPT_OUT", "no:ai"),
+    ("URL_PARTITION_SHARE", "1"), ("URL_PARTITION_SHARE", "2/2"), ("URL_PARTITION_SHARE", "-1/2"),
 ])
 def test_bad_values_name_the_setting(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):

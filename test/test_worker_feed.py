@@ -120,3 +120,42 @@ async def test_what_finished_after_the_last_commit_is_committed_when_the_partiti
     finally:
         await consumer.close()
     assert sorted(after) == [(0, 3)]
+
+
+async def test_a_share_reads_its_partitions_from_their_commits_without_a_group_join(kafka_hosts: str,
+                                                                                     unique: str) -> None:
+    topic, group = f"urls.share{unique}", f"share-{unique}"
+    ensure_topics(kafka_hosts, [topic], 4)
+    producer = Producer(producer_config(kafka_hosts))
+    for partition in range(4):
+        for n in range(3):
+            producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
+    assert producer.flush(30) == 0
+    earlier = Consumer(consumer_config(kafka_hosts, group))
+    earlier.commit(offsets=[TopicPartition(topic, 3, 2)], asynchronous=False)
+    earlier.close()
+    read: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    assigned: dict[int, list] = {0: [], 1: []}
+    feeds = []
+    for index in (0, 1):
+        consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
+        feeds.append((consumer, KafkaFeed(consumer, group, share=(index, 2))))
+    try:
+        for _, feed in feeds:
+            await feed.subscribe([topic])
+        async with asyncio.timeout(30):
+            while len(read[0]) + len(read[1]) < 10:
+                for index, (_, feed) in enumerate(feeds):
+                    batch = await feed.poll(100, 0.1)
+                    assigned[index] += batch.assigned
+                    read[index] += [(record.partition, record.offset) for record in batch.records]
+        assert await feeds[1][1].commit({(topic, 1): 3})
+    finally:
+        for consumer, _ in feeds:
+            await consumer.close()
+    assert sorted(assigned[0]) == [(topic, 0), (topic, 2)] and sorted(assigned[1]) == [(topic, 1), (topic, 3)]
+    assert sorted(read[0]) == [(p, n) for p in (0, 2) for n in range(3)]
+    assert sorted(read[1]) == [(1, 0), (1, 1), (1, 2), (3, 2)]
+    later = Consumer(consumer_config(kafka_hosts, group))
+    assert later.committed([TopicPartition(topic, 1)], timeout=10)[0].offset == 3
+    later.close()

@@ -45,7 +45,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
     producer = AsyncProducer(producer_config(settings.kafka_hosts))
     if (early := await joined(joining)) is None:
         consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
-        feed = KafkaFeed(consumer, WORKER_GROUP)
+        feed = KafkaFeed(consumer, WORKER_GROUP, settings.url_partition_share)
     else:
         consumer, feed = early
     # URLs waiting in Kafka come back through consumers of their own (worker.parking).

@@ -126,8 +126,9 @@ class LocalCrawl:
 
     def start_crawler(self) -> None:
         self.children.append(Child("monitor", MONITOR_MODULE, self.env, self.log_dir / "monitor.log"))
-        for n in range(1, self.workers + 1):
-            self.children.append(Child(f"worker-{n}", WORKER_MODULE, self.env, self.log_dir / f"worker-{n}.log"))
+        for n in range(1, self.workers + 1):  # each its share of urls: no group join to wait for
+            env = {**self.env, "URL_PARTITION_SHARE": f"{n - 1}/{self.workers}"}
+            self.children.append(Child(f"worker-{n}", WORKER_MODULE, env, self.log_dir / f"worker-{n}.log"))
 
     def died(self) -> Child | None:
         """A child that exited although nobody stopped it."""

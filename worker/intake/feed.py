@@ -65,8 +65,8 @@ def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
     for thousands (docs/decisions.md, "Thousands of sources"). One OffsetFetch for them
     all, and 0 for the rest, instead. Offset 0 below the log's start (retention) is
     out of range, which librdkafka resets to the earliest as it would have.
-    Runs on the consumer's thread, inside the rebalance callback; if the broker does
-    not answer, librdkafka assigns them itself, the slow way.
+    Runs on the consumer's thread (inside the rebalance callback, or for a share); if the
+    broker does not answer, they are assigned without offsets: librdkafka looks them up, the slow way.
     """
     if not parts:
         return
@@ -74,6 +74,7 @@ def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
         positions = consumer.committed(parts, timeout=ASSIGN_OFFSETS_TIMEOUT)
     except KafkaException as exc:
         log_event(EVENT_CONSUMER_ERROR, error=f"committed offsets unknown, librdkafka looks them up: {exc}")
+        consumer.assign(parts)  # no offsets: librdkafka asks for the commits itself, the slow way
         return
     for position in positions:
         if position.offset < 0:  # OFFSET_INVALID: nothing committed
@@ -81,11 +82,18 @@ def start_from_commits(consumer: Consumer, parts: list[TopicPartition]) -> None:
     consumer.assign(positions)
 
 
+def _partitions(consumer: Consumer, topic: str) -> list[int]:
+    return sorted(consumer.list_topics(topic, timeout=ASSIGN_OFFSETS_TIMEOUT).topics[topic].partitions)
+
+
 class KafkaFeed:
-    def __init__(self, consumer: AsyncConsumer, group: str):
-        """``group``: the consumer's group id, the label of its partitions in worker.metrics."""
+    def __init__(self, consumer: AsyncConsumer, group: str, share: tuple[int, int] | None = None):
+        """``group``: the consumer's group id, the label of its partitions in worker.metrics.
+        ``share``: (index, count) to read the partitions p with p % count == index, without
+        joining the group (``URL_PARTITION_SHARE``)."""
         self._consumer = consumer
         self._group = group
+        self._share = share
         self._events: deque[tuple[str, list[TP]]] = deque()  # appended on the consumer thread
         self._rebalance: dict[str, float] = {}  # written on the consumer thread, read after consume
         self._revoked_at: float | None = None
@@ -96,6 +104,9 @@ class KafkaFeed:
         """Subscribe to ``topics``; again to the same ones, nothing (it would rejoin the group):
         the worker subscribes before it has loaded (``worker.intake.group_join``), the scheduler when it runs."""
         if self._subscribed == topics:
+            return
+        if self._share is not None:
+            await self._take_share(topics)
             return
 
         def note(kind: str, parts: list[TopicPartition]) -> None:
@@ -126,6 +137,25 @@ class KafkaFeed:
                 self._revoked_at = None
         metrics.REBALANCE.joined(self._group)
         await self._consumer.subscribe(topics, on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+        self._subscribed = list(topics)
+
+    async def _take_share(self, topics: list[str]) -> None:
+        """Assign this worker's share of the topics' partitions at their commits: no group join to
+        wait for (tansu answers one after half the session timeout, 3 s) and no rebalance ever;
+        for workers started together by one command, which ends if one dies (docs/decisions.md,
+        "The one command")."""
+        assert self._share is not None
+        index, count = self._share
+
+        def assign(consumer: Consumer) -> list[TopicPartition]:
+            parts = [TopicPartition(topic, p) for topic in topics
+                     for p in _partitions(consumer, topic)
+                     if p % count == index]
+            start_from_commits(consumer, parts)
+            return parts
+        parts = await self._consumer.call(assign)
+        self._events.append(("assigned", [(p.topic, p.partition) for p in parts]))
+        metrics.REBALANCE.assigned(self._group, len(parts))
         self._subscribed = list(topics)
 
     async def poll(self, max_records: int, timeout: float) -> Batch:

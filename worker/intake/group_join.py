@@ -40,7 +40,7 @@ def start_joining(settings: Settings) -> Joining:
 def _join(settings: Settings) -> tuple[AsyncConsumer, KafkaFeed]:
     ensure_worker_topics(settings)
     consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
-    feed = KafkaFeed(consumer, WORKER_GROUP)
+    feed = KafkaFeed(consumer, WORKER_GROUP, settings.url_partition_share)
     asyncio.run(feed.subscribe([URLS_TOPIC]))  # the consumer's calls run on its own thread, whatever the loop
     return consumer, feed
 
