@@ -59,6 +59,7 @@ from pathlib import Path
 from bench.cpu import proc_cpu
 from common.contracts import EVENT_CRAWL_HALTED
 from bench.real_web import RealWeb, SitesSaw, build_real_web, sites_saw, unloaded_latency, write_sitecustomize
+from bench.web_apart import LATE_SECONDS, WebApart
 from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from demo.sample import PHOTOS, _photo, variant
@@ -140,7 +141,7 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def image_requests(web: SimWeb) -> list[float]:
+def image_requests(web: SimWeb | WebApart) -> list[float]:
     return sorted(r.time for r in web.all_requests() if r.path not in RULES_PATHS)
 
 
@@ -225,6 +226,8 @@ class RealRun:
     span: float = 0.0                # seconds from the sites' first image request to their last
     busiest_done: float = 0.0        # seconds from the start to the busiest site's last image request
     waiting: dict[str, int] = field(default_factory=dict)  # site -> its URLs without an outcome
+    web_late: list[float] = field(default_factory=list)  # seconds the simulated web's loop ran late, each time
+    web_gc: list[float] = field(default_factory=list)    # seconds of each of its full garbage collections
 
     def row(self, urls: int) -> str:
         last = f"{self.last_outcome:.1f}" if self.finished else f">{self.last_outcome:.0f} (unfinished)"
@@ -246,23 +249,24 @@ REAL_LEGEND = ("CPU ms: per image, the crawler's processes (+servers: with Kafka
 
 def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Path, work: Path,
                   keep: bool) -> RealRun:
-    web = SimWeb(real.specs, log_path=sites_log(work, keep, "img2dataset"))
+    web = WebApart(real.specs, log_path=sites_log(work, keep, "img2dataset"))
     with web.serving():
         wall_clock = time.time()
         wall, cpu, images = img2dataset(url_list, work, PYTHONPATH=str(resolver), TEST_HOSTS_FILE=str(hosts_file))
     times = image_requests(web)
     return RealRun("img2dataset", len(real.plan), images, wall, True, cpu, sites_saw(real, web),
                    first_request=times[0] - wall_clock, span=times[-1] - times[0],
-                   busiest_done=busiest_last(real, web) - wall_clock)
+                   busiest_done=busiest_last(real, web) - wall_clock, web_late=[late for _, late in web.late],
+                   web_gc=[took for _, took in web.collections])
 
 
 def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, keep: bool, timeout: float,
                   settings: dict[str, str]) -> RealRun:
     """Every politeness rule on but the private-network guard; each site rated by its count in
     the list (the list producer); workers that resolve from the hosts file only."""
-    web = SimWeb(real.specs, log_path=sites_log(work, keep, "ours"))
+    web = WebApart(real.specs, log_path=sites_log(work, keep, "ours"))
     stack = LocalStack(work / "stack")
-    with stack as addresses:
+    with web.serving(), stack as addresses:  # the web's CPU is its own: it stops after the count
         servers = [s.process.pid for s in stack.servers if s.process]
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
         servers0, cpu0, started, wall_clock = proc_cpu(servers), children_cpu(), time.monotonic(), time.time()
@@ -282,10 +286,12 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
     return RealRun("this crawler", len(outcomes.kinds), outcomes.totals()[QUALITY], last, finished, cpu,
                    sites_saw(real, web), server_cpu, halts(work / "ours" / "monitor.log", real.sites[0].site),
                    waiting=dict(waiting.most_common()), first_request=times[0] - wall_clock,
-                   span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock)
+                   span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock,
+                   web_late=[late for _, late in web.late],
+                   web_gc=[took for _, took in web.collections])
 
 
-def busiest_last(real: RealWeb, web: SimWeb) -> float:
+def busiest_last(real: RealWeb, web: WebApart) -> float:
     """When the busiest site saw its last image request (wall clock)."""
     return max(r.time for r in web.sites[real.sites[0].site].log if r.path not in RULES_PATHS)
 
@@ -344,6 +350,10 @@ def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: di
         verdict = (f"{ours.last_outcome / peer.last_outcome:.2f}x img2dataset's" if ours.finished else
                    f"did not finish in {ours.last_outcome:.0f} s ({ours.outcomes} of {len(real.plan)} outcomes), "
                    f"over {ours.last_outcome / peer.last_outcome:.1f}x img2dataset's")
+        print(f"round {n}: the simulated web ran late (> {LATE_SECONDS} s) "
+              + "; ".join(f"under {run.system} {len(run.web_late)} times, at most {max(run.web_late, default=0):.2f} s "
+                          f"({len(run.web_gc)} full collections, the longest {max(run.web_gc, default=0):.2f} s)"
+                          for run in (peer, ours)))
         print(f"round {n}: this crawler's time to the last outcome {verdict}; "
               f"CPU per image {ours.cpu / max(1, ours.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
     if len(runs) > 1:  # a round's ratio moves with the machine's minute: the spread says how much

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 from bench.list_shape import ShapedSite, shape_sites
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY
 from demo.sample import PHOTOS, _photo, variant
-from demo.simweb import RULES_PATHS, Planned, SimWeb, SiteSpec, busiest_second
+from bench.web_apart import WebApart
+from demo.simweb import RULES_PATHS, Planned, SiteSpec, busiest_second
 from url_lists.rows import derived_identifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +130,7 @@ def unloaded_latency(real: RealWeb) -> dict[str, float | None]:
     """Each fragile site's median latency (ms) as the site measures it, asked one request at a
     time: its own arrival-to-answer time, no queue."""
     by_name = {spec.name: spec for spec in real.specs}
-    web = SimWeb([by_name[site.site] for site in real.fragile])
+    web = WebApart([by_name[site.site] for site in real.fragile])  # served as in the rounds
     with web.serving():
         for site in real.fragile:
             paths = list(by_name[site.site].files)[:PROBES]
@@ -151,7 +152,7 @@ class SitesSaw:
     fastest_peak: tuple[str, int]        # the site with the most requests in one second, and that many
 
 
-def sites_saw(real: RealWeb, web: SimWeb) -> SitesSaw:
+def sites_saw(real: RealWeb, web: WebApart) -> SitesSaw:
     fragile = {site.site for site in real.fragile}
     disallowing = real.disallowing
     peaks = {name: busiest_second(sorted(r.time for r in site.log if r.path not in RULES_PATHS))[0]
