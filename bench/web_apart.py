@@ -56,7 +56,8 @@ def _serve(specs: list[SiteSpec], pipe: Connection) -> None:
 
     async def serve() -> None:
         await web.start()
-        gc.freeze()  # the sites and their files stay: full collections need not walk them again
+        gc.freeze()  # the sites and their files stay: never walked again
+        gc.disable()  # a full collection took up to 0.33 s under this crawler's load: a round's garbage waits
         watching = asyncio.create_task(watch())
         pipe.send("ready")
         stop = asyncio.Event()
