@@ -193,7 +193,6 @@ class Controller:
     baseline_at: float = 0.0
     recent_ms: float | None = None
     changed_at: float = float("-inf")  # buckets that started before this are not judged again
-    # In memory only (SPEC.md lists adaptive:{source}'s fields): a monitor that takes over climbs by steps.
     slow_level: float | None = None   # the level last heard slow (``climb_step`` climbs back toward it)
     cut_ms: float | None = None       # the median that made the last cut, until a verdict that is not slow
     readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))
@@ -339,7 +338,7 @@ class Controller:
                   "multiplier": self.multiplier, contracts.ADAPTIVE_SLOW_START_FIELD: int(self.slow_start),
                   "enabled": int(enabled),
                   "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
-                  "recent_ms": self.recent_ms,
+                  "recent_ms": self.recent_ms, "slow_level": self.slow_level, "cut_ms": self.cut_ms,
                   "changed_at": self.changed_at if self.changed_at > float("-inf") else None}
         return {name: f"{value:.6g}" if isinstance(value, float) else str(value)
                 for name, value in fields.items() if value is not None}
@@ -356,6 +355,10 @@ class Controller:
         baseline, baseline_at = values.get("baseline_ms"), values.get("baseline_at")
         if baseline is not None and baseline > 0 and baseline_at is not None:
             controller.baseline_ms, controller.baseline_at = baseline, baseline_at
+        for name in ("slow_level", "cut_ms"):  # where it was heard slow, how slow: climbed back toward, not below
+            value = values.get(name)
+            if value is not None and value > 0:
+                setattr(controller, name, value)
         changed_at = values.get("changed_at")
         if changed_at is not None:  # the buckets already judged are not judged again
             controller.changed_at = changed_at
