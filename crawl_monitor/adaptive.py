@@ -14,12 +14,9 @@ and a multiplier on the source's rate limit (the computed or overridden rate, th
 *ceiling*). When the recent median passes twice the baseline (and by 100 ms: loopback
 noise is not load), or timeouts and 429/502/503/504 pass 5% of the answers, the
 multiplier drops x0.7; when the median is back within 1.5x the baseline it climbs by
-a step (the larger of 1 req/s and 2% of the ceiling), or half the way back to the rate last
-heard slow if that is more (``climb_step``: the site's capacity lies between the two). Never
-above the ceiling, never below ``ADAPTIVE_FLOOR_RPS``. Each change is judged again only on
-responses to requests made after it (buckets that started later), so one slow queue is not
-punished twice; and a slow median after a cut that is faster than the one that made it is
-that queue draining (``draining``), held, not cut again.
+a step (the larger of 1 req/s and 2% of the ceiling). Never above the ceiling, never
+below ``ADAPTIVE_FLOOR_RPS``. Each change is judged again only on responses to requests
+made after it (buckets that started later), so one slow queue is not punished twice.
 
 A source new to the monitor starts at a tenth of its ceiling (a site saturated from the
 first second would otherwise teach a saturated baseline) and doubles while answers stay
