@@ -155,21 +155,6 @@ def slow_start_move(verdict: str | None, overloaded: bool, slow_before: bool) ->
     return UP if verdict == FAST else HOLD
 
 
-def climb_step(level: float, slow_level: float | None, step: float) -> float:
-    """A fast verdict's step up from ``level``: ``step`` (the additive one), or half the way back
-    to the level last heard slow, if that is more (BIC's binary search: the site answered fast
-    at the cut's level and slow at that one, so its capacity lies between)."""
-    if slow_level is None or level >= slow_level:
-        return step
-    return max(step, (slow_level - level) / 2)
-
-
-def draining(median: float | None, cut_ms: float | None, overload: bool) -> bool:
-    """A slow median after a cut, but faster than the one that made the cut: the queue of the
-    requests sent before it is draining, not building at the new rate; not cut twice for it."""
-    return not overload and median is not None and cut_ms is not None and median < cut_ms
-
-
 def overloaded(overload: int, total: int) -> bool:
     """Timeouts and 429/502/503/504 past ADAPTIVE_OVERLOAD_SHARE of the answers (at least ADAPTIVE_OVERLOAD_MIN)."""
     return overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total
@@ -190,8 +175,6 @@ class Controller:
     baseline_at: float = 0.0
     recent_ms: float | None = None
     changed_at: float = float("-inf")  # buckets that started before this are not judged again
-    slow_level: float | None = None   # the level last heard slow (``climb_step`` climbs back toward it)
-    cut_ms: float | None = None       # the median that made the last cut, until a verdict that is not slow
     readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))
     fresh: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))  # since the change
 
@@ -238,17 +221,12 @@ class Controller:
         baseline = self.baseline(now)
         verdict = self._judge(bins, overload, total, baseline)
         if verdict == SLOW:
-            median = median_ms(bins)
-            if draining(median, self.cut_ms, overloaded(overload, total)):
-                self.cut_ms = median  # the next must be faster still
-                return HOLD
-            level = min(top, self.multiplier)
-            self._cut(max(lowest, level * ADAPTIVE_DECREASE), median, now, level)
+            self.multiplier = max(lowest, min(top, self.multiplier) * ADAPTIVE_DECREASE)
+            self._changed(now)
             return DOWN
-        self.cut_ms = None
         if verdict == FAST and self.multiplier < top:
             step = max(ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE * ceiling * top) / ceiling
-            self.multiplier = min(top, self.multiplier + climb_step(self.multiplier, self.slow_level, step))
+            self.multiplier = min(top, self.multiplier + step)
             self._changed(now)
             return UP
         return WAIT if baseline is None else HOLD
@@ -277,8 +255,9 @@ class Controller:
         move = slow_start_move(verdict, overloaded(overload, total), self.slow_seen)
         lowest, top = floor_share(ceiling), top_share(ceiling, cap)
         if move == DOWN:  # one doubling back, and by steps from there
+            self.multiplier = max(lowest, level / 2)
             self.slow_start = self.slow_seen = False
-            self._cut(max(lowest, level / 2), median, now, level)
+            self._changed(now)
             return DOWN
         if verdict == SLOW:  # to be confirmed by answers not yet judged
             self.slow_seen = True
@@ -313,11 +292,6 @@ class Controller:
             return FAST
         return None
 
-    def _cut(self, multiplier: float, median: float | None, now: float, heard_slow: float) -> None:
-        """Down to ``multiplier`` from ``heard_slow``, remembering where the site was heard slow and how slow."""
-        self.multiplier, self.slow_level, self.cut_ms = multiplier, heard_slow, median
-        self._changed(now)
-
     def _changed(self, now: float) -> None:
         """A new multiplier: only answers to requests made under it judge it."""
         self.changed_at = now
@@ -335,7 +309,7 @@ class Controller:
                   "multiplier": self.multiplier, contracts.ADAPTIVE_SLOW_START_FIELD: int(self.slow_start),
                   "enabled": int(enabled),
                   "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
-                  "recent_ms": self.recent_ms, "slow_level": self.slow_level, "cut_ms": self.cut_ms,
+                  "recent_ms": self.recent_ms,
                   "changed_at": self.changed_at if self.changed_at > float("-inf") else None}
         return {name: f"{value:.6g}" if isinstance(value, float) else str(value)
                 for name, value in fields.items() if value is not None}
@@ -352,10 +326,6 @@ class Controller:
         baseline, baseline_at = values.get("baseline_ms"), values.get("baseline_at")
         if baseline is not None and baseline > 0 and baseline_at is not None:
             controller.baseline_ms, controller.baseline_at = baseline, baseline_at
-        for name in ("slow_level", "cut_ms"):  # where it was heard slow, how slow: climbed back toward, not below
-            value = values.get(name)
-            if value is not None and value > 0:
-                setattr(controller, name, value)
         changed_at = values.get("changed_at")
         if changed_at is not None:  # the buckets already judged are not judged again
             controller.changed_at = changed_at
