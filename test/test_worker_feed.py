@@ -14,18 +14,23 @@ from worker.intake.feed import KafkaFeed
 from worker.metrics import REGISTRY
 
 
-async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kafka_hosts: str, unique: str) -> None:
-    topic, group = f"urls.feed{unique}", f"feed-{unique}"
+def three_in_each_of_four(kafka_hosts: str, topic: str, group: str, committed: int) -> None:
+    """``topic`` with 3 messages in each of its 4 partitions; ``group`` has committed offset 2
+    of partition ``committed``."""
     ensure_topics(kafka_hosts, [topic], 4)
     producer = Producer(producer_config(kafka_hosts))
     for partition in range(4):
         for n in range(3):
             producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
     assert producer.flush(30) == 0
-    # The group finished partition 2 up to offset 2 earlier (another worker, say).
     earlier = Consumer(consumer_config(kafka_hosts, group))
-    earlier.commit(offsets=[TopicPartition(topic, 2, 2)], asynchronous=False)
+    earlier.commit(offsets=[TopicPartition(topic, committed, 2)], asynchronous=False)
     earlier.close()
+
+
+async def test_assigned_partitions_start_at_their_commit_or_at_the_beginning(kafka_hosts: str, unique: str) -> None:
+    topic, group = f"urls.feed{unique}", f"feed-{unique}"
+    three_in_each_of_four(kafka_hosts, topic, group, committed=2)  # another worker finished 2 up to offset 2
 
     consumer = AsyncConsumer(consumer_config(kafka_hosts, group, **CONSUMER_EXTRA_CONFIG))
     feed = KafkaFeed(consumer, group)
@@ -125,15 +130,7 @@ async def test_what_finished_after_the_last_commit_is_committed_when_the_partiti
 async def test_a_share_reads_its_partitions_from_their_commits_without_a_group_join(kafka_hosts: str,
                                                                                      unique: str) -> None:
     topic, group = f"urls.share{unique}", f"share-{unique}"
-    ensure_topics(kafka_hosts, [topic], 4)
-    producer = Producer(producer_config(kafka_hosts))
-    for partition in range(4):
-        for n in range(3):
-            producer.produce(topic, json.dumps({"p": partition, "n": n}).encode(), partition=partition)
-    assert producer.flush(30) == 0
-    earlier = Consumer(consumer_config(kafka_hosts, group))
-    earlier.commit(offsets=[TopicPartition(topic, 3, 2)], asynchronous=False)
-    earlier.close()
+    three_in_each_of_four(kafka_hosts, topic, group, committed=3)
     read: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
     assigned: dict[int, list] = {0: [], 1: []}
     feeds = []
