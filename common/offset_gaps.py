@@ -30,7 +30,7 @@ class OffsetGaps:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._next: dict[TP, int] = {}                 # offset expected next, where known
-        self._gaps: dict[TP, tuple[int, int, float]] = {}  # (gap's end, reads again, first seen)
+        self._gaps: dict[TP, tuple[int, float]] = {}  # a gap not yet believed: (reads again, first seen)
         self.rereads = 0  # partitions sought back to a gap, in all
 
     def moved(self, tp: TP, offset: int | None) -> None:
@@ -71,12 +71,12 @@ class OffsetGaps:
 
     def _believed(self, tp: TP, expected: int, offset: int) -> bool:
         now = self._clock()
-        end, reads, since = self._gaps.get(tp, (offset, 0, now))
+        reads, since = self._gaps.get(tp, (0, now))
         if reads >= GAP_REREADS and now - since >= GAP_SECONDS:
             log_event(EVENT_KAFKA_OFFSET_GAP, topic=tp[0], partition=tp[1], expected=expected, got=offset,
                       reads=reads, seconds=round(now - since, 2))
             return True
-        self._gaps[tp] = (max(end, offset), reads + 1, since)
+        self._gaps[tp] = (reads + 1, since)
         return False
 
 
