@@ -33,6 +33,7 @@ from bench.cpu import _tree as process_tree, stat_cpu
 from bench.peer_img2dataset import JPEG_QUALITY, PEER_BIN, PROCESSES, PEER_THREADS, TARGET, TIMEOUT, build_web
 from demo.simweb import SimWeb, SiteSpec
 from devstack.servers import free_port
+from url_lists.crawl.checks import CRAWL_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE_SIZE = 500_000_000
@@ -50,6 +51,7 @@ class OneCommand:
     load: float  # the 1-minute load average at the end
     requests: tuple[float, float]  # seconds from the command's start to the sites' first and last request
     busy: list[float]  # cores busy under the command, each BUSY_BIN seconds from its start
+    parked: int | None = None  # URLs its workers parked in a wait topic (this crawler's worker_stopped lines)
 
     @property
     def rate(self) -> float:
@@ -144,6 +146,18 @@ class KindSampler:
         return kinds
 
 
+def parked_urls(out: Path) -> int | None:
+    """URLs the workers parked for a turn, from their ``worker_stopped`` lines; None for img2dataset."""
+    logs = sorted((out / CRAWL_DIR / "logs").glob("worker-*.log"))
+    total = None
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if '"worker_stopped"' in line:
+                with contextlib.suppress(ValueError, AttributeError):
+                    total = (total or 0) + int(json.loads(line).get("parked", {}).get("wait", 0))
+    return total
+
+
 def request_span(web: SimWeb, since: float) -> tuple[float, float]:
     """Seconds from ``since`` (wall clock) to the sites' first and last page request (rules files aside)."""
     times = [r.time for site in web.sites.values() for r in site.requests("/p/") if r.time >= since]
@@ -159,7 +173,7 @@ def timed(system: str, argv: list[str], env: dict[str, str], out: Path, log: Pat
             raise subprocess.CalledProcessError(process.returncode, argv)
     wall, cpu = time.monotonic() - started, _children_cpu() - cpu0
     return OneCommand(system, tar_images(out), wall, cpu, sampler.split(), os.getloadavg()[0],
-                      request_span(web, wall_started), sampler.busy())
+                      request_span(web, wall_started), sampler.busy(), parked_urls(out))
 
 
 def run_round(specs: list[SiteSpec], paths: list[tuple[str, str]], work: Path) -> list[OneCommand]:
@@ -202,6 +216,8 @@ def main(urls: int, rounds: int, work: Path) -> None:
             f"{kind} {seconds / result.images * 1000:.2f}"
             for kind, seconds in sorted(result.split.items(), key=lambda item: -item[1])))
         first, last = result.requests
+        if result.parked is not None:
+            print(f"    parked for a turn: {result.parked} ({result.parked / max(result.images, 1):.2f} an image)")
         print(f"    requests from {first:.1f} s to {last:.1f} s, exit at {result.wall:.1f} s; cores busy per "
               f"{BUSY_BIN:.0f} s: " + " ".join(f"{cores:.2f}" for cores in result.busy))
     pairs = list(zip(results[::2], results[1::2], strict=True))

@@ -119,6 +119,11 @@ def parked(to: str) -> None:
     PARKED.labels(to).inc()
 
 
+def parked_so_far() -> dict[str, int]:
+    """URLs parked by this process, by place (for ``worker_stopped``)."""
+    return {place: int(PARKED.labels(place)._value.get()) for place in PARK_PLACES}
+
+
 def downloaded(seconds: float, size: int) -> None:
     DOWNLOAD.observe(seconds)
     DOWNLOADED_BYTES.inc(size)

@@ -121,4 +121,4 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
         pool.close()
         if metrics_server is not None:
             metrics_server.close()
-        log_event(EVENT_WORKER_STOPPED, undelivered=undelivered)
+        log_event(EVENT_WORKER_STOPPED, undelivered=undelivered, parked=metrics.parked_so_far())
