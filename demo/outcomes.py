@@ -16,11 +16,12 @@ from collections import Counter, defaultdict
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 
 from common.contracts import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC, OPTED_OUT_TOPIC
 from common.contracts import OUTCOME_TOPICS
 from common.kafka import consumer_config, coordinates, ensure_topics
+from common.offset_gaps import OffsetGaps, consume_whole
 
 QUALITY = "quality"
 # Those kinds are named after their topics.
@@ -44,20 +45,26 @@ class Outcomes:
         self.messages: dict[str, list[dict[str, Any]]] = {topic: [] for topic in OUTCOME_TOPICS}
         self.unparseable: list[tuple[str, bytes]] = []
         # Offsets within a partition are consecutive here (no transactions, no compaction), so a
-        # jump means records this reader never got: (topic, partition, expected offset, got offset).
+        # jump that stood its reads again (common.offset_gaps) means records this reader never
+        # got: (topic, partition, expected offset, got offset).
         self.gaps: list[tuple[str, int, int, int]] = []
+        self._offset_gaps = OffsetGaps()
         self.found_at: dict[str, tuple[str, int, int]] = {}  # uuid -> where its first outcome was
         self._next_offset: dict[tuple[str, int], int] = {}
         # Subscribing to a topic nobody has created yet would wait a metadata refresh.
         ensure_topics(kafka_hosts, OUTCOME_TOPICS, partitions)
         self._consumer = Consumer(consumer_config(
             kafka_hosts, f"outcomes-{uuidlib.uuid4().hex}", **{"enable.partition.eof": False}))
-        self._consumer.subscribe(list(OUTCOME_TOPICS))
+        self._consumer.subscribe(list(OUTCOME_TOPICS), on_assign=self._assigned)
+
+    def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        self._offset_gaps.forget((part.topic, part.partition) for part in parts)
+        consumer.assign(parts)
 
     def poll(self, timeout: float = 1.0) -> int:
         """Read what has arrived; returns how many wanted uuids got their first outcome."""
         before = len(self.kinds)
-        for msg in self._consumer.consume(num_messages=1000, timeout=timeout):
+        for msg in consume_whole(self._consumer, self._offset_gaps, 1000, timeout):
             if msg.error():
                 continue
             topic, partition, offset = coordinates(msg)
