@@ -2,10 +2,14 @@
 (from /proc: psutil is not a dependency)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
+
+BUSY_BIN = 10.0  # seconds per figure of KindSampler's cores-busy profile
 
 
 def stat_cpu(stat: Path, reaped_children: bool = False) -> float:
@@ -33,10 +37,12 @@ def proc_rss_and_files(pid: int) -> tuple[int, int]:
     return rss, files
 
 
-def _tree(pid: int) -> list[int]:
+def _tree(pid: int, skip: frozenset[int] = frozenset()) -> list[int]:
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
+        if current in skip:
+            continue
         found.append(current)
         for task in Path(f"/proc/{current}/task").glob("*/children"):
             try:
@@ -108,3 +114,66 @@ class TreeSampler:
         """CPU seconds of each tree since ``mark_cpu()``."""
         with self._lock:
             return {name: seconds - self._cpu_from.get(name, 0.0) for name, seconds in self._cpu.items()}
+
+
+def process_kind(pid: int) -> str:
+    """What a process of a command is, from its command line (the list reader's forkserver
+    and its children are the command's; other spawned processes are a worker's image pool)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    line = b" ".join(argv)
+    for marker, kind in ((b"forkserver", "command"), (b"multiprocessing", "image pool"), (b"-m worker", "workers"),
+                         (b"resolving_worker", "workers"),
+                         (b"tansu", "tansu"), (b"valkey", "valkey"), (b"redis", "valkey"),
+                         (b"crawl_monitor", "monitor"), (b"weed", "seaweedfs"), (b"url_lists", "command"),
+                         (b"img2dataset", "command")):
+        if marker in line:
+            return kind
+    return "other"
+
+
+class KindSampler:
+    """Each process's own CPU under a command, read from /proc every 0.5 s, by kind, from the
+    sampler's start; the last sample of a process that exits stays (up to 0.5 s of its CPU is missed)."""
+
+    def __init__(self, pid: int, skip: frozenset[int] = frozenset(), root_kind: str = "command"):
+        self.pid, self._last, self._kinds = pid, {}, {}  # type: ignore[var-annotated]
+        self._root_kind = root_kind
+        self._skip = skip  # processes not counted (and not their children): the simulated web
+        self._started = time.monotonic()
+        self._totals: list[tuple[float, float]] = []  # (seconds since start, the tree's CPU seconds so far)
+        self._base: dict[int, float] = {}  # what the processes already running had used: not counted
+        for member in _tree(pid, skip):
+            with contextlib.suppress(OSError, IndexError):
+                self._base[member] = stat_cpu(Path(f"/proc/{member}/stat"))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for member in _tree(self.pid, self._skip):
+                with contextlib.suppress(OSError, IndexError):
+                    self._last[member] = stat_cpu(Path(f"/proc/{member}/stat"))
+                    if self._kinds.get(member, "other") == "other":  # read again: it may not have exec'd yet
+                        self._kinds[member] = self._root_kind if member == self.pid else process_kind(member)
+            self._totals.append((time.monotonic() - self._started, sum(self._last.values())))
+
+    def busy(self) -> list[float]:
+        """Cores busy in each BUSY_BIN seconds, from the samples (a bin's CPU over its length)."""
+        profile, edge, before = [], BUSY_BIN, 0.0
+        for at, total in self._totals:
+            if at >= edge:
+                profile.append((total - before) / BUSY_BIN)
+                edge, before = edge + BUSY_BIN, total
+        return profile
+
+    def split(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        kinds: dict[str, float] = {}
+        for member, seconds in self._last.items():
+            kinds[self._kinds[member]] = kinds.get(self._kinds[member], 0.0) + seconds - self._base.get(member, 0.0)
+        return kinds

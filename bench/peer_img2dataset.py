@@ -56,7 +56,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.cpu import proc_cpu
+from bench.cpu import KindSampler, proc_cpu
 from common.contracts import EVENT_CRAWL_HALTED
 from bench.real_web import RealWeb, SitesSaw, build_real_web, sites_saw, unloaded_latency, write_sitecustomize
 from bench.web_apart import LATE_SECONDS, WebApart
@@ -228,6 +228,12 @@ class RealRun:
     waiting: dict[str, int] = field(default_factory=dict)  # site -> its URLs without an outcome
     web_late: list[float] = field(default_factory=list)  # seconds the simulated web's loop ran late, each time
     web_gc: list[float] = field(default_factory=list)    # seconds of each of its full garbage collections
+    split: dict[str, float] = field(default_factory=dict)  # process kind -> CPU seconds (the bench's own apart)
+
+    def split_line(self) -> str:
+        """CPU ms an image by process kind, the largest first."""
+        return ", ".join(f"{kind} {seconds / max(1, self.images) * 1000:.2f}"
+                         for kind, seconds in sorted(self.split.items(), key=lambda item: -item[1]))
 
     def row(self, urls: int) -> str:
         last = f"{self.last_outcome:.1f}" if self.finished else f">{self.last_outcome:.0f} (unfinished)"
@@ -252,12 +258,14 @@ def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Pat
     web = WebApart(real.specs, log_path=sites_log(work, keep, "img2dataset"))
     with web.serving():
         wall_clock = time.time()
+        sampler = KindSampler(os.getpid(), skip=frozenset({web.pid or 0}), root_kind="bench")
         wall, cpu, images = img2dataset(url_list, work, PYTHONPATH=str(resolver), TEST_HOSTS_FILE=str(hosts_file))
+        split = sampler.split()
     times = image_requests(web)
     return RealRun("img2dataset", len(real.plan), images, wall, True, cpu, sites_saw(real, web),
                    first_request=times[0] - wall_clock, span=times[-1] - times[0],
                    busiest_done=busiest_last(real, web) - wall_clock, web_late=[late for _, late in web.late],
-                   web_gc=[took for _, took in web.collections])
+                   web_gc=[took for _, took in web.collections], split=split)
 
 
 def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, keep: bool, timeout: float,
@@ -270,6 +278,7 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
         servers = [s.process.pid for s in stack.servers if s.process]
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
         servers0, cpu0, started, wall_clock = proc_cpu(servers), children_cpu(), time.monotonic(), time.time()
+        sampler = KindSampler(os.getpid(), skip=frozenset({web.pid or 0}), root_kind="bench")
         with crawl(web, real.plan, base, work / "ours", PROCESSES, worker_module="test.resolving_worker",
                    url_list=url_list, **{HOSTS_FILE_ENV: str(hosts_file)}, **settings) as (cluster, outcomes):
             # A dead host's robots.txt is an outage: its URLs wait (ROBOTS_UNAVAILABLE_GIVE_UP), counted apart.
@@ -281,6 +290,7 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
             server_cpu = proc_cpu(servers) - servers0
             cluster.stop()
         cpu = children_cpu() - cpu0
+        split = sampler.split()
     waiting = Counter(p.source for p in real.plan if p.uuid not in outcomes.kinds)
     times = image_requests(web)
     return RealRun("this crawler", len(outcomes.kinds), outcomes.totals()[QUALITY], last, finished, cpu,
@@ -288,7 +298,7 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
                    waiting=dict(waiting.most_common()), first_request=times[0] - wall_clock,
                    span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock,
                    web_late=[late for _, late in web.late],
-                   web_gc=[took for _, took in web.collections])
+                   web_gc=[took for _, took in web.collections], split=split)
 
 
 def busiest_last(real: RealWeb, web: WebApart) -> float:
@@ -354,6 +364,8 @@ def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: di
               + "; ".join(f"under {run.system} {len(run.web_late)} times, at most {max(run.web_late, default=0):.2f} s "
                           f"({len(run.web_gc)} full collections, the longest {max(run.web_gc, default=0):.2f} s)"
                           for run in (peer, ours)))
+        print(f"round {n}: CPU ms an image by process kind (sampled every 0.5 s): "
+              f"img2dataset: {peer.split_line()}; this crawler: {ours.split_line()}")
         print(f"round {n}: this crawler's time to the last outcome {verdict}; "
               f"CPU per image {ours.cpu / max(1, ours.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
     if len(runs) > 1:  # a round's ratio moves with the machine's minute: the spread says how much

@@ -24,12 +24,11 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.cpu import _tree as process_tree, stat_cpu
+from bench.cpu import BUSY_BIN, KindSampler
 from bench.peer_img2dataset import JPEG_QUALITY, PEER_BIN, PROCESSES, PEER_THREADS, TARGET, TIMEOUT, build_web
 from demo.simweb import SimWeb, SiteSpec
 from devstack.servers import free_port
@@ -37,7 +36,6 @@ from url_lists.crawl.checks import CRAWL_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE_SIZE = 500_000_000
-BUSY_BIN = 10.0  # seconds per figure of the cores-busy profile
 SERVER_SETTINGS = ("KAFKA_HOSTS", "REDIS_URL", "S3_ENDPOINT_URL", "S3_BUCKET", "SOURCES_URL")
 
 
@@ -88,62 +86,6 @@ def tar_images(out: Path) -> int:
         with tarfile.open(path) as tar:
             count += sum(1 for member in tar.getmembers() if member.name.endswith(".jpg"))
     return count
-
-
-def process_kind(pid: int) -> str:
-    """What a process of a command is, from its command line (the list reader's forkserver
-    and its children are the command's; other spawned processes are a worker's image pool)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "gone"
-    line = b" ".join(argv)
-    for marker, kind in ((b"forkserver", "command"), (b"multiprocessing", "image pool"), (b"-m worker", "workers"),
-                         (b"tansu", "tansu"), (b"valkey", "valkey"), (b"redis", "valkey"),
-                         (b"crawl_monitor", "monitor"), (b"weed", "seaweedfs"), (b"url_lists", "command"),
-                         (b"img2dataset", "command")):
-        if marker in line:
-            return kind
-    return "other"
-
-
-class KindSampler:
-    """Each process's own CPU under a command, read from /proc every 0.5 s, by kind; the last
-    sample of a process that exits stays (up to 0.5 s of its CPU is missed)."""
-
-    def __init__(self, pid: int):
-        self.pid, self._last, self._kinds = pid, {}, {}  # type: ignore[var-annotated]
-        self._started = time.monotonic()
-        self._totals: list[tuple[float, float]] = []  # (seconds since start, the tree's CPU seconds so far)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            for member in process_tree(self.pid):
-                with contextlib.suppress(OSError, IndexError):
-                    self._last[member] = stat_cpu(Path(f"/proc/{member}/stat"))
-                    if self._kinds.get(member, "other") == "other":  # read again: it may not have exec'd yet
-                        self._kinds[member] = "command" if member == self.pid else process_kind(member)
-            self._totals.append((time.monotonic() - self._started, sum(self._last.values())))
-
-    def busy(self) -> list[float]:
-        """Cores busy in each BUSY_BIN seconds, from the samples (a bin's CPU over its length)."""
-        profile, edge, before = [], BUSY_BIN, 0.0
-        for at, total in self._totals:
-            if at >= edge:
-                profile.append((total - before) / BUSY_BIN)
-                edge, before = edge + BUSY_BIN, total
-        return profile
-
-    def split(self) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join()
-        kinds: dict[str, float] = {}
-        for member, seconds in self._last.items():
-            kinds[self._kinds[member]] = kinds.get(self._kinds[member], 0.0) + seconds
-        return kinds
 
 
 def parked_urls(out: Path) -> int | None:

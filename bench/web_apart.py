@@ -98,6 +98,7 @@ class WebApart:
         self.late: list[tuple[float, float]] = []  # (wall clock, seconds) its loop ran late past LATE_SECONDS
         self.collections: list[tuple[float, float]] = []  # (wall clock, seconds) its full garbage collections
         self._serving = False
+        self.pid: int | None = None  # the web's process while it serves
 
     @contextmanager
     def serving(self) -> Iterator[WebApart]:
@@ -109,6 +110,7 @@ class WebApart:
         child = context.Process(target=_serve, args=(self._specs, theirs),
                                 name="simweb", daemon=True)
         child.start()
+        self.pid = child.pid
         try:
             if ours not in wait([ours, child.sentinel], START_SECONDS):
                 raise RuntimeError(f"the simulated web did not start (exit code {child.exitcode})")
