@@ -252,6 +252,23 @@ async def test_idle_connections_are_closed_by_a_timer_without_further_traffic(se
     assert client.idle_connections == 0 and all(w.is_closing() or w.transport.is_closing() for w in server.writers)
 
 
+async def test_a_full_pool_closes_the_connection_idle_longest(serve, client, monkeypatch):
+    """Past HTTP_MAX_IDLE_CONNECTIONS the oldest idle connection makes room: a site of one URL
+    does not keep a busy site's connection from being kept."""
+    from worker.fetching import http_client
+    monkeypatch.setattr(http_client, "HTTP_MAX_IDLE_CONNECTIONS", 2)
+    first, second, busy = [await serve(respond(ok(b"body"))) for _ in range(3)]
+    for server in (first, second, busy):
+        assert (await fetch(client, server.url()))[1] == b"body"
+    assert client.idle_connections == 2
+    for _ in range(3):
+        assert (await fetch(client, busy.url()))[1] == b"body"
+    assert (await fetch(client, second.url()))[1] == b"body"
+    assert (await fetch(client, first.url()))[1] == b"body"
+    assert (busy.accepts, second.accepts, first.accepts) == (1, 1, 2)
+    assert client.idle_connections == 2
+
+
 # --- 3. stale connections --------------------------------------------------------
 @pytest.mark.parametrize("pause", [0.0, 0.05], ids=["at-once", "after-idle"])
 async def test_connection_closed_by_server_while_idle_is_replaced(serve, client, pause):

@@ -39,7 +39,7 @@ import ssl
 import threading
 import time
 import zlib
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -551,7 +551,7 @@ class HttpClient:
         self._timeouts = timeouts
         self._ssl = ssl_context or ssl.create_default_context()
         self._idle: dict[Origin, deque[_Connection]] = defaultdict(deque)
-        self._idle_count = 0
+        self._idle_order: OrderedDict[_Connection, Origin] = OrderedDict()  # the longest idle first
         self._next_sweep = 0.0
         self._sweeper: asyncio.TimerHandle | None = None  # pending while connections are idle
         self._closed = False
@@ -559,7 +559,7 @@ class HttpClient:
     @property
     def idle_connections(self) -> int:
         """How many keep-alive connections sit idle in the pool, over all origins."""
-        return self._idle_count
+        return len(self._idle_order)
 
     def idle(self, url: str) -> Ready | None:
         """An idle keep-alive connection to ``url``'s origin, taken from the pool; None if none."""
@@ -645,30 +645,42 @@ class HttpClient:
 
     def _idle_connection(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
-        while idle:
+        found = None
+        while idle and found is None:
             connection = idle.pop()
-            self._idle_count -= 1
+            del self._idle_order[connection]
             if connection.reusable and time.monotonic() - connection.idle_since < HTTP_IDLE_SECONDS:
-                return connection
-            connection.close()
-        return None
+                found = connection
+            else:
+                connection.close()
+        if idle is not None and not idle:
+            del self._idle[origin]
+        return found
 
     def _keep(self, origin: Origin, connection: _Connection) -> None:
-        if self._idle_count >= HTTP_MAX_IDLE_CONNECTIONS or time.monotonic() > self._next_sweep:
+        if time.monotonic() > self._next_sweep:
             self._sweep()
-        if self._closed or self._idle_count >= HTTP_MAX_IDLE_CONNECTIONS:
+        if self._closed:
             connection.close()
             return
+        # Full: the connection idle longest makes room (a site of one URL does not keep its
+        # connection from a site whose next request comes within the second).
+        while len(self._idle_order) >= HTTP_MAX_IDLE_CONNECTIONS:
+            oldest, its_origin = self._idle_order.popitem(last=False)
+            self._idle[its_origin].remove(oldest)
+            if not self._idle[its_origin]:
+                del self._idle[its_origin]
+            oldest.close()
         connection.idle_since = time.monotonic()
         self._idle[origin].append(connection)
-        self._idle_count += 1
+        self._idle_order[connection] = origin
         if self._sweeper is None:  # a timer, so a crawl that stops leaves no sockets open
             self._sweeper = asyncio.get_running_loop().call_later(IDLE_SWEEP_SECONDS, self._timed_sweep)
 
     def _timed_sweep(self) -> None:
         self._sweeper = None
         self._sweep()
-        if self._idle_count and not self._closed:
+        if self._idle_order and not self._closed:
             self._sweeper = asyncio.get_running_loop().call_later(IDLE_SWEEP_SECONDS, self._timed_sweep)
 
     def _sweep(self) -> None:
@@ -679,8 +691,8 @@ class HttpClient:
             idle = self._idle[origin]
             kept = deque(c for c in idle if c.reusable and now - c.idle_since < HTTP_IDLE_SECONDS)
             for connection in set(idle) - set(kept):
+                del self._idle_order[connection]
                 connection.close()
-            self._idle_count -= len(idle) - len(kept)
             if kept:
                 self._idle[origin] = kept
             else:
@@ -722,7 +734,7 @@ class HttpClient:
             for connection in idle:
                 connection.close()
         self._idle.clear()
-        self._idle_count = 0
+        self._idle_order.clear()
         if self._resolver is not None:
             await self._resolver.close()
 
