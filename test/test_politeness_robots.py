@@ -233,7 +233,8 @@ class SlowAfterFirstRead:
 
 
 async def test_a_worker_that_read_an_empty_cache_does_not_fetch_again(redis_client):
-    """Worker B reads (empty), A fetches and stores, B takes the free lock: B must not fetch."""
+    """Worker B asks first (its reads slow), A at once: one of them fetches, the other waits for
+    the stored file (the empty read and the lock are one script: no window between them)."""
     stored = asyncio.Event()
     fetch, calls = counting_fetch(RobotsFile(RULES, "User-agent: *\nDisallow: /no\n"))
 
@@ -268,6 +269,30 @@ async def test_a_holder_whose_lock_expired_leaves_the_next_holders_lock(redis_cl
     finish.set()
     await asyncio.wait_for(worker_a, 5)
     assert await redis_client.get(robots_lock_key(origin)) == "worker-b-token"
+
+
+async def test_an_unreadable_record_is_fetched_afresh_and_the_lock_released(redis_client):
+    origin = "http://oldformat.example:80"
+    await redis_client.set(robots_key(origin), "not a record of this version", ex=100)
+    fetch, calls = counting_fetch(RobotsFile(RULES, "User-agent: *\nDisallow: /no\n"))
+    cache = RobotsCache(redis_client, fetch, TOKEN)
+    with pytest.raises(Refused, match="RobotsDisallowed"):
+        await cache.check(origin + "/no/1")
+    assert calls == [origin]
+    assert RobotsFile.from_json(await redis_client.get(robots_key(origin))).verdict == RULES
+    assert await redis_client.get(robots_lock_key(origin)) is None
+
+
+async def test_a_fetch_that_fails_releases_the_lock(redis_client):
+    origin = "http://broken.example:80"
+
+    async def failing(_origin: str) -> RobotsFile:
+        raise RuntimeError("a bug, not an answer")
+
+    with pytest.raises(RuntimeError):
+        await RobotsCache(redis_client, failing, TOKEN).check(origin + "/x")
+    assert await redis_client.get(robots_lock_key(origin)) is None
+    assert await redis_client.get(robots_key(origin)) is None
 
 
 async def test_the_lock_outlives_the_longest_fetch(redis_client):

@@ -20,14 +20,13 @@ import asyncio
 import json
 import math
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
 import aiohttp
 from protego import Protego
-from redis.asyncio.lock import Lock
-from redis.exceptions import LockError
 
 from common.contracts import (EVENT_ROBOTS_FETCHED, SIGNAL_ROBOTS, SIGNAL_ROBOTS_CONTENT_USAGE,
                               SIGNAL_ROBOTS_EXTRA, robots_key, robots_lock_key)
@@ -50,6 +49,7 @@ FETCH_TIMEOUT = 20.0              # per hop
 # write after it), so a live holder never loses its lock to a second fetcher.
 FETCH_DEADLINE = (MAX_REDIRECTS + 1) * FETCH_TIMEOUT
 LOCK_SECONDS = FETCH_DEADLINE + 30
+LOCK_MS = int(LOCK_SECONDS * 1000)
 POLL_SECONDS = 0.1
 WAIT_SECONDS = 60.0               # a dead holder's lock expires, then a waiter fetches
 MEMORY_SECONDS = 120.0
@@ -258,11 +258,34 @@ async def fetch_origin_file(session: aiohttp.ClientSession, url: str, guard: Add
         return RobotsFile(DISALLOW_ALL)
 
 
-async def _release(lock: Lock) -> None:
+# A file kept in Redis, or the lock to fetch it when there is none, in one round trip
+# (KEYS: the file, its lock; ARGV: our token, the lock's ms): {file or nil, 1 if locked}.
+READ_OR_LOCK = """
+local file = redis.call('GET', KEYS[1])
+if file then return {file, 0} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {false, 1} end
+return {false, 0}
+"""
+# The fetched file stored, and the lock released only if it is still ours: a holder whose lock
+# expired leaves the next holder's (KEYS: the file, its lock; ARGV: the file, its s, our token).
+STORE_AND_UNLOCK = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
+UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _parsed(raw: str | bytes | None) -> RobotsFile | None:
+    if raw is None:
+        return None
     try:
-        await lock.release()
-    except LockError:
-        pass  # expired, perhaps taken by another worker since: theirs now, left alone
+        return RobotsFile.from_json(raw)
+    except (ValueError, TypeError):  # another version's record: fetched afresh
+        return None
 
 
 class RobotsCache:
@@ -290,6 +313,9 @@ class RobotsCache:
         self._backoff = backoff
         self._memory: TtlCache[str, Rules] = TtlCache(clock, max_bytes=memory_bytes)
         self._loading: dict[str, asyncio.Future[Rules]] = {}
+        self._read_or_lock = redis.register_script(READ_OR_LOCK)
+        self._store_and_unlock = redis.register_script(STORE_AND_UNLOCK)
+        self._unlock = redis.register_script(UNLOCK)
 
     async def check(self, url: str, origin: str | None = None) -> None:
         """Refused if ``url`` (of ``origin``, if the caller has it) must not be requested."""
@@ -343,37 +369,31 @@ class RobotsCache:
         return file.verdict != RULES or file.tokens == self._tokens()
 
     async def _shared_file(self, origin: str) -> RobotsFile:
+        """The origin's file from Redis, or fetched by this worker under the origin's lock (one
+        fetch for the cluster; the others poll until it is stored)."""
         deadline = self._clock() + WAIT_SECONDS
+        keys = [self.key(origin), self.lock_key(origin)]
+        token = uuid.uuid4().hex  # the lock is released only by its holder
         while True:
-            stored = await self._stored(origin)
+            raw, locked = await self._read_or_lock(keys=keys, args=[token, LOCK_MS])
+            stored = _parsed(raw)
             if stored is not None and self._current(stored):
                 return stored
-            # Token-checked: released only if still ours, so a holder whose lock expired
-            # never deletes the lock a second fetcher has taken since.
-            lock = Lock(self._redis, self.lock_key(origin), timeout=LOCK_SECONDS,  # type: ignore[arg-type]
-                        blocking=False, thread_local=False)
-            if await lock.acquire():
-                try:
-                    # Another worker may have stored the file between our read and our lock.
-                    stored = await self._stored(origin)
-                    if stored is not None and self._current(stored):
-                        return stored
-                    return await self._fetch_and_store(origin, stored)
-                finally:
-                    await _release(lock)
+            if raw is not None and await self._redis.set(keys[1], token, nx=True, px=LOCK_MS):
+                # Out of date or unreadable: fetched again, unless another worker did in between.
+                locked, stored = True, await self._stored(origin)
+                if stored is not None and self._current(stored):
+                    await self._unlock(keys=keys[1:], args=[token])
+                    return stored
+            if locked:
+                return await self._fetch_and_store(origin, stored, token)
             if self._clock() >= deadline:
                 # Nobody could fetch it in time: the URL waits, and asks again later.
                 return RobotsFile(UNAVAILABLE, retry_at=self._wall() + self._backoff.first)
             await asyncio.sleep(POLL_SECONDS)
 
     async def _stored(self, origin: str) -> RobotsFile | None:
-        raw = await self._redis.get(self.key(origin))
-        if raw is None:
-            return None
-        try:
-            return RobotsFile.from_json(raw)
-        except (ValueError, TypeError):  # another version's record: fetched afresh
-            return None
+        return _parsed(await self._redis.get(self.key(origin)))
 
     def _condense(self, file: RobotsFile) -> RobotsFile:
         """The record kept in Redis for a fetched RULES file: only the groups that bind us."""
@@ -386,20 +406,30 @@ class RobotsCache:
         return replace(file, body=groups[self._token], tokens=self._tokens(),
                        groups={t: groups[t] for t in self._extra_tokens if groups[t]})
 
-    async def _fetch_and_store(self, origin: str, previous: RobotsFile | None) -> RobotsFile:
-        file = await self._fetch_within_deadline(origin)
-        fetched_bytes = len(file.body)
-        ttl = float(ROBOTS_TTL)
-        if file.verdict == RULES:
-            file = self._condense(file)
-        elif file.verdict == UNAVAILABLE:
-            failures = (previous.failures if previous and previous.verdict == UNAVAILABLE else 0) + 1
-            wait = self._backoff.after(failures)
-            file = replace(file, failures=failures, retry_at=self._wall() + wait)
-            ttl = wait + self._backoff.most  # the count of failures outlives the wait
-        await self._redis.set(self.key(origin), file.to_json(), ex=max(1, math.ceil(ttl)))
+    async def _fetch_and_store(self, origin: str, previous: RobotsFile | None, token: str) -> RobotsFile:
+        """Fetch under the lock ``token`` holds; store the file and release the lock in one call
+        (released alone if anything fails first)."""
+        keys = [self.key(origin), self.lock_key(origin)]
+        stored = False
+        try:
+            file = await self._fetch_within_deadline(origin)
+            fetched_bytes = len(file.body)
+            ttl = float(ROBOTS_TTL)
+            if file.verdict == RULES:
+                file = self._condense(file)
+            elif file.verdict == UNAVAILABLE:
+                failures = (previous.failures if previous and previous.verdict == UNAVAILABLE else 0) + 1
+                wait = self._backoff.after(failures)
+                file = replace(file, failures=failures, retry_at=self._wall() + wait)
+                ttl = wait + self._backoff.most  # the count of failures outlives the wait
+            record = file.to_json()
+            await self._store_and_unlock(keys=keys, args=[record, max(1, math.ceil(ttl)), token])
+            stored = True
+        finally:
+            if not stored:
+                await self._unlock(keys=keys[1:], args=[token])
         log_event(self.event, origin=origin, verdict=file.verdict, status=file.status,
-                  bytes=fetched_bytes, stored_bytes=len(file.to_json()), failures=file.failures)
+                  bytes=fetched_bytes, stored_bytes=len(record), failures=file.failures)
         return file
 
     async def _fetch_within_deadline(self, origin: str) -> RobotsFile:
