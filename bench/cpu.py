@@ -177,3 +177,9 @@ class KindSampler:
         for member, seconds in self._last.items():
             kinds[self._kinds[member]] = kinds.get(self._kinds[member], 0.0) + seconds - self._base.get(member, 0.0)
         return kinds
+
+
+def per_image_by_kind(split: Mapping[str, float], images: int) -> str:
+    """A ``KindSampler.split`` as CPU ms an image by process kind, the largest first."""
+    return ", ".join(f"{kind} {seconds / max(1, images) * 1000:.2f}"
+                     for kind, seconds in sorted(split.items(), key=lambda item: -item[1]))

@@ -56,7 +56,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.cpu import KindSampler, proc_cpu
+from bench.cpu import KindSampler, per_image_by_kind, proc_cpu
 from common.contracts import EVENT_CRAWL_HALTED
 from bench.real_web import RealWeb, SitesSaw, build_real_web, sites_saw, unloaded_latency, write_sitecustomize
 from bench.web_apart import LATE_SECONDS, WebApart
@@ -230,11 +230,6 @@ class RealRun:
     web_gc: list[float] = field(default_factory=list)    # seconds of each of its full garbage collections
     split: dict[str, float] = field(default_factory=dict)  # process kind -> CPU seconds (the bench's own apart)
 
-    def split_line(self) -> str:
-        """CPU ms an image by process kind, the largest first."""
-        return ", ".join(f"{kind} {seconds / max(1, self.images) * 1000:.2f}"
-                         for kind, seconds in sorted(self.split.items(), key=lambda item: -item[1]))
-
     def row(self, urls: int) -> str:
         last = f"{self.last_outcome:.1f}" if self.finished else f">{self.last_outcome:.0f} (unfinished)"
         servers = "-" if self.server_cpu is None else f"{(self.cpu + self.server_cpu) / max(1, self.images) * 1000:.1f}"
@@ -365,7 +360,8 @@ def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: di
                           f"({len(run.web_gc)} full collections, the longest {max(run.web_gc, default=0):.2f} s)"
                           for run in (peer, ours)))
         print(f"round {n}: CPU ms an image by process kind (sampled every 0.5 s): "
-              f"img2dataset: {peer.split_line()}; this crawler: {ours.split_line()}")
+              f"img2dataset: {per_image_by_kind(peer.split, peer.images)}; "
+              f"this crawler: {per_image_by_kind(ours.split, ours.images)}")
         print(f"round {n}: this crawler's time to the last outcome {verdict}; "
               f"CPU per image {ours.cpu / max(1, ours.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
     if len(runs) > 1:  # a round's ratio moves with the machine's minute: the spread says how much

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.cpu import BUSY_BIN, KindSampler
+from bench.cpu import BUSY_BIN, KindSampler, per_image_by_kind
 from bench.peer_img2dataset import JPEG_QUALITY, PEER_BIN, PROCESSES, PEER_THREADS, TARGET, TIMEOUT, build_web
 from demo.simweb import SimWeb, SiteSpec
 from devstack.servers import free_port
@@ -154,9 +154,7 @@ def main(urls: int, rounds: int, work: Path) -> None:
     for result in results:
         print(f"{result.system:<16}{result.images:>8}{result.wall:>9.1f}{result.rate:>10.1f}{result.cpu:>9.1f}"
               f"{result.cpu_per_image * 1000:>12.1f}{result.load:>6.1f}")
-        print("    ms/img by process: " + ", ".join(
-            f"{kind} {seconds / result.images * 1000:.2f}"
-            for kind, seconds in sorted(result.split.items(), key=lambda item: -item[1])))
+        print("    ms/img by process: " + per_image_by_kind(result.split, result.images))
         first, last = result.requests
         if result.parked is not None:
             print(f"    parked for a turn: {result.parked} ({result.parked / max(result.images, 1):.2f} an image)")
