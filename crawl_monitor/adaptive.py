@@ -52,6 +52,7 @@ from common.protocols import AsyncRedis
 from common.redis_values import as_text, finite_number
 from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket
 from crawl_monitor.active_sources import active_since
+from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
                                      ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_FLOOR_RPS,
@@ -338,6 +339,7 @@ class Adaptation:
 
     def __init__(self, redis: AsyncRedis, clock: Callable[[], float] = time.time):
         self._redis = redis
+        self._keys = BatchedKeys(redis)
         self._clock = clock
         self.controllers: dict[str, Controller] = {}
         self._ceilings: dict[str, float] = {}
@@ -359,11 +361,8 @@ class Adaptation:
         new = [source for source in sources if source not in self.controllers]
         if not new:
             return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget([contracts.adaptive_off_key(source) for source in new])
-            for source in new:
-                pipe.hgetall(contracts.adaptive_key(source))
-            switches, *saved = await pipe.execute()
+        switches = await self._redis.mget([contracts.adaptive_off_key(source) for source in new])
+        saved = await self._keys.hashes([contracts.adaptive_key(source) for source in new])
         for source, switch, raw in zip(new, switches, saved, strict=True):
             self.controllers[source] = Controller.restored(raw) if raw else Controller()
             if switch is not None:
@@ -410,16 +409,10 @@ class Adaptation:
         answered = active if due else []
         starting = [source for source in active if self._slow_starting(source)]
         open_buckets = (bucket_start(now) - RESPONSE_BUCKET_SECONDS, bucket_start(now))
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget([contracts.adaptive_off_key(s) for s in sources])
-            for start in due:
-                for source in answered:
-                    pipe.hgetall(contracts.response_times_key(source, start))
-            for source in starting:
-                for start in open_buckets:
-                    pipe.hgetall(contracts.response_times_key(source, start))
-            replies = await pipe.execute()
-        switches, rest = replies[0], replies[1:]
+        switches = await self._redis.mget([contracts.adaptive_off_key(s) for s in sources])
+        rest = await self._keys.hashes(
+            [contracts.response_times_key(source, start) for start in due for source in answered]
+            + [contracts.response_times_key(source, start) for source in starting for start in open_buckets])
         buckets, opened = rest[:len(due) * len(answered)], rest[len(due) * len(answered):]
         self.disabled = {s for s, value in zip(sources, switches, strict=True) if value is not None}
         for source in self.disabled:  # judged or not this second
@@ -487,10 +480,8 @@ class Adaptation:
                 changed.append(source)
         if not changed:
             return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for source in changed:
-                key = contracts.adaptive_key(source)
-                pipe.hset(key, mapping=self.controllers[source].saved(self._ceilings[source],
-                                                                      source not in self.disabled, self._caps[source]))
-                pipe.expire(key, ADAPTIVE_STATE_TTL_SECONDS)
-            await pipe.execute()
+        await self._keys.save_hashes(
+            {contracts.adaptive_key(source): self.controllers[source].saved(self._ceilings[source],
+                                                                             source not in self.disabled,
+                                                                             self._caps[source])
+             for source in changed}, ADAPTIVE_STATE_TTL_SECONDS)

@@ -28,6 +28,7 @@ from common.jsonlog import log_event
 from common.redis_values import as_text, count, finite_number
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import wanting_scores
+from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, ACTIVE_SOURCES_TICK_SECONDS,
                                      MONITORING_INTERVAL_SECONDS, MONITORING_MAX_LISTED, MONITORING_SPECIFIC_BYTES,
                                      MONITORING_TRIPPED_BYTES)
@@ -42,6 +43,7 @@ class MonitoringLog:
     def __init__(self, redis: AsyncRedis, clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
         self._redis = redis
+        self._keys = BatchedKeys(redis)
         self._clock = clock
         self._wall_clock = wall_clock
         self._previous: tuple[float, dict[str, int]] | None = None
@@ -105,25 +107,26 @@ class MonitoringLog:
     async def _per_source(self, limited: list[str], listed: list[str]
                           ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
         """The rate limits of ``limited`` (for ``global_max_rps``) and the counters of
-        ``listed``: one MGET per key kind and five reads a listed source, whatever the crawl."""
+        ``listed``: one MGET per counter kind, and its list and two hashes a listed source read
+        by script (``batched_keys``), whatever the crawl."""
         if not limited:  # ``listed`` is among them
             return {}, {}
+        counters = (contracts.urls_split_key, contracts.urls_ended_key, contracts.resized_key, contracts.errors_key)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.mget([contracts.rate_limit_key(source) for source in limited])
             if listed:
-                pipe.mget([contracts.urls_split_key(source) for source in listed])
-                pipe.mget([contracts.urls_ended_key(source) for source in listed])
-            for source in listed:
-                pipe.get(contracts.resized_key(source))
-                pipe.get(contracts.errors_key(source))
-                pipe.lrange(contracts.last_50_key(source), 0, -1)
-                pipe.hgetall(contracts.adaptive_key(source))
-                pipe.hgetall(contracts.opted_out_key(source))
-            rate_limits, *replies = await pipe.execute()
-        split, ended, *replies = replies or [[], []]
+                for key_of in counters:
+                    pipe.mget([key_of(source) for source in listed])
+            rate_limits, *columns = await pipe.execute()
+        split, ended, resized, errors = columns or [[] for _ in counters]
+        last_50s = await self._keys.lists([contracts.last_50_key(source) for source in listed], 0, -1)
+        hashes = await self._keys.hashes([contracts.adaptive_key(source) for source in listed]
+                                         + [contracts.opted_out_key(source) for source in listed])
+        adaptives, opted_outs = hashes[:len(listed)], hashes[len(listed):]
         read = {}
         for index, source in enumerate(listed):
-            successful, error, last_50, adaptive, opted_out = replies[index * 5:(index + 1) * 5]
+            successful, error, last_50 = resized[index], errors[index], last_50s[index]
+            adaptive, opted_out = adaptives[index], opted_outs[index]
             read[source] = {
                 "successful": count(successful),
                 "error": count(error),

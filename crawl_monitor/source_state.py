@@ -16,6 +16,7 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adap
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets, stopped_among
 from crawl_monitor.active_sources import Rereads, wanting_since
+from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import SHOWN_RECENT_SECONDS
 
 
@@ -66,13 +67,10 @@ def backlog(split: object, ended: object) -> int:
     return max(0, count(split) - count(ended))
 
 
-async def _read_errors(redis: Redis, sources: list[str]) -> dict[str, dict[str, int]]:
+async def _read_errors(redis: Redis, batched: BatchedKeys, sources: list[str]) -> dict[str, dict[str, int]]:
     """Failures by status, from keys it can name: each source's ``error_statuses`` set
     says which counters exist (a SCAN would walk every key, one per robots.txt host too)."""
-    pipe = redis.pipeline(transaction=False)
-    for source in sources:
-        pipe.smembers(error_statuses_key(source))
-    statuses = [sorted(map(as_text, members)) for members in await pipe.execute()]
+    statuses = [sorted(map(as_text, members)) for members in await batched.sets(list(map(error_statuses_key, sources)))]
     keys = [errors_key(source, status) for source, named in zip(sources, statuses, strict=True) for status in named]
     values = iter(await redis.mget(keys) if keys else [])
     return {source: {status: count(next(values)) for status in named}
@@ -115,20 +113,17 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
     due = sources if rereads is None else sorted(await rereads.due(redis, sources, known))
     kinds = (source_requests_key, resized_key, rate_limit_key, override_rate_key, tokens_key, adaptive_off_key,
              urls_split_key, urls_ended_key)
-    pipe = redis.pipeline(transaction=False)
-    for key_of in kinds:
-        if due:
+    columns: list[list] = [[] for _ in kinds]
+    if due:
+        pipe = redis.pipeline(transaction=False)
+        for key_of in kinds:
             pipe.mget([key_of(source) for source in due])
-    for source in due:
-        pipe.hgetall(adaptive_key(source))
-    for source in due:
-        pipe.hgetall(opted_out_key(source))
-    replies = await pipe.execute()
-    columns = replies[:len(kinds)] if due else [[] for _ in kinds]
-    replies = replies[len(kinds):] if due else replies
-    adaptive_states, opted_out_states = replies[:len(due)], replies[len(due):]
+        columns = await pipe.execute()
+    keys = BatchedKeys(redis)
+    hashes = await keys.hashes([adaptive_key(source) for source in due] + [opted_out_key(source) for source in due])
+    adaptive_states, opted_out_states = hashes[:len(due)], hashes[len(due):]
     opted_out = {source: signal_counts(raw) for source, raw in zip(due, opted_out_states, strict=True)}
-    errors = await _read_errors(redis, due)
+    errors = await _read_errors(redis, keys, due)
     adapted = {source: {as_text(k): finite_number(v) for k, v in (raw or {}).items()}
                for source, raw in zip(due, adaptive_states, strict=True)}
     states = {source: replace(known[source], halted=source in halted, temp_halted=source in temp_halted)

@@ -250,17 +250,42 @@ class FakeAsyncRedis:
         return AsyncPipeline(self.store)
 
     def register_script(self, script: str):
-        """The regulator's one script (regulator.REFILL), run in Python on the same keys."""
+        """The monitor's scripts (regulator.REFILL, batched_keys'), run in Python on the same keys,
+        through the store's commands (a RecordingStore records them)."""
+        from crawl_monitor import batched_keys
         from crawl_monitor.regulator import REFILL
-        assert script == REFILL, "FakeAsyncRedis knows only the regulator's refill"
+        store = self.store
 
         async def refill(keys: list[str], args: list) -> int:
             n = len(keys) // 2
             for i in range(n):
-                self.store.set(keys[i], args[2 + i], px=int(args[0]))
-                self.store.set(keys[n + i], args[2 + n + i], ex=int(args[1]))
+                store.set(keys[i], args[2 + i], px=int(args[0]))
+                store.set(keys[n + i], args[2 + n + i], ex=int(args[1]))
             return n
-        return refill
+
+        async def hgetall_many(keys: list[str], args: list) -> list[list[str]]:
+            return [[item for pair in store.hgetall(key).items() for item in pair] for key in keys]
+
+        async def lrange_many(keys: list[str], args: list) -> list[list[str]]:
+            return [store.lrange(key, int(args[0]), int(args[1])) for key in keys]
+
+        async def smembers_many(keys: list[str], args: list) -> list[list[str]]:
+            return [sorted(store.smembers(key)) for key in keys]
+
+        async def hset_expire_many(keys: list[str], args: list) -> int:
+            at = 1
+            for key in keys:
+                n = int(args[at])
+                fields = args[at + 1:at + 1 + 2 * n]
+                store.hset(key, mapping=dict(zip(fields[::2], fields[1::2], strict=True)))
+                store.expire(key, int(args[0]))
+                at += 1 + 2 * n
+            return len(keys)
+
+        scripts = {REFILL: refill, batched_keys.HGETALL_MANY: hgetall_many, batched_keys.LRANGE_MANY: lrange_many,
+                   batched_keys.SMEMBERS_MANY: smembers_many, batched_keys.HSET_EXPIRE_MANY: hset_expire_many}
+        assert script in scripts, "FakeAsyncRedis knows only the monitor's scripts"
+        return scripts[script]
 
     def __getattr__(self, name: str):
         command = getattr(self.store, name)

@@ -1,0 +1,42 @@
+"""The monitor's batched reads and writes by script answer as redis-py's own commands do, on the real Redis."""
+from __future__ import annotations
+
+import pytest
+
+from crawl_monitor.batched_keys import KEYS_BATCH, BatchedKeys
+
+
+@pytest.mark.parametrize("count", [0, 3, KEYS_BATCH + 7])
+async def test_each_read_answers_as_its_command_in_the_order_of_the_keys(redis_client, unique, count) -> None:
+    """Past a batch too, with missing keys and unicode among them."""
+    hashes = [f"{unique}:h:{n}" for n in range(count)]
+    lists = [f"{unique}:l:{n}" for n in range(count)]
+    sets = [f"{unique}:s:{n}" for n in range(count)]
+    for n in range(0, count, 2):  # every other key is missing
+        await redis_client.hset(hashes[n], mapping={"multiplier": n, "é": "ü", "overload": "x"})
+        await redis_client.rpush(lists[n], *[str(i) for i in range(n % 60)], "200")
+        await redis_client.sadd(sets[n], "500", "Timeout", f"é{n}")
+    keys = BatchedKeys(redis_client)
+    pipe = redis_client.pipeline(transaction=False)
+    for key in hashes:
+        pipe.hgetall(key)
+    for key in lists:
+        pipe.lrange(key, -50, -1)
+    for key in sets:
+        pipe.smembers(key)
+    expected = await pipe.execute()
+    assert await keys.hashes(hashes) == expected[:count]
+    assert await keys.lists(lists, -50, -1) == expected[count:2 * count]
+    assert await keys.sets(sets) == expected[2 * count:]
+
+
+async def test_saved_hashes_are_set_and_expire_as_hset_and_expire_would(redis_client, unique) -> None:
+    mappings = {f"{unique}:a:{n}": {"effective_rate": f"{n / 3:.6g}", "slow_start": str(n % 2)}
+                for n in range(KEYS_BATCH + 2)}
+    mappings[f"{unique}:one"] = {"enabled": "1"}
+    await redis_client.hset(f"{unique}:one", mapping={"kept": "yes"})
+    await BatchedKeys(redis_client).save_hashes(mappings, 3600)
+    for key, mapping in mappings.items():
+        assert {k: v for k, v in (await redis_client.hgetall(key)).items() if k != "kept"} == mapping
+        assert 3590 < await redis_client.ttl(key) <= 3600
+    assert (await redis_client.hgetall(f"{unique}:one"))["kept"] == "yes"  # HSET adds, as before
