@@ -22,10 +22,25 @@ from common.jsonlog import log_event
 from common.source_sets import stopped_among
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import active_scores, active_since, forget_quiet
+from crawl_monitor.batched_keys import KEYS_BATCH
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BREAKER_FULL_PASS_SECONDS, BUCKET_TRIM_SECONDS,
                                      TEMP_HALT_ERROR_RATIO, TEMP_HALT_FALSE_ALARM, TEMP_HALT_HEALTHY_ERROR_RATIO,
                                      TEMP_HALT_MIN_SAMPLES, TEMP_HALT_WINDOW_SECONDS)
 
+
+# KEYS: per source its minute window, then its last-50 list; ARGV: the bound below which the
+# window's members are dropped, the start of the part read, the last-50 length. The reply: per
+# source the window's members since that start, then the list's newest statuses (workers RPUSH).
+# One call a batch instead of three redis-py commands a source (``crawl_monitor.batched_keys``).
+READ_WINDOWS = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[1])
+  out[#out + 1] = redis.call('ZRANGEBYSCORE', KEYS[i], ARGV[2], '+inf')
+  out[#out + 1] = redis.call('LRANGE', KEYS[i + 1], -tonumber(ARGV[3]), -1)
+end
+return out
+"""
 
 
 def status_of(member: str) -> str:
@@ -77,6 +92,7 @@ class CircuitBreaker:
 
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
+        self._read_windows = redis.register_script(READ_WINDOWS)
         self._next_bucket_trim = 0.0
         self._last_check = float("-inf")  # none yet: the first check is a full pass
         self._next_full_pass = float("-inf")  # every source with an outcome in the last minute
@@ -125,17 +141,17 @@ class CircuitBreaker:
 
     async def _judge_all(self, sources: list[str], temp_halted: set[str], now: float) -> None:
         halted, _ = await stopped_among(self._redis, sources)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for source in sources:
-                # Trimming here too keeps the window bounded whatever the workers do.
-                minute_key = contracts.one_minute_window_key(source)
-                pipe.zremrangebyscore(minute_key, "-inf", f"({now - contracts.MINUTE_WINDOW_SECONDS}")
-                pipe.zrangebyscore(minute_key, now - TEMP_HALT_WINDOW_SECONDS, "+inf")
-                # Workers RPUSH: the newest statuses are at the right.
-                pipe.lrange(contracts.last_50_key(source), -contracts.LAST_50_LENGTH, -1)
-            replies = await pipe.execute()
+        replies: list = []
+        for start in range(0, len(sources), KEYS_BATCH // 2):
+            batch = sources[start:start + KEYS_BATCH // 2]
+            # Trimming here too keeps the window bounded whatever the workers do.
+            replies += await self._read_windows(
+                keys=[key for source in batch
+                      for key in (contracts.one_minute_window_key(source), contracts.last_50_key(source))],
+                args=[f"({now - contracts.MINUTE_WINDOW_SECONDS}", now - TEMP_HALT_WINDOW_SECONDS,
+                      contracts.LAST_50_LENGTH])
         for index, source in enumerate(sources):
-            _trimmed, minute, last_50 = replies[index * 3:index * 3 + 3]
+            minute, last_50 = replies[index * 2:index * 2 + 2]
             statuses = [status_of(m) for m in minute]
             if all(is_expected(status) for status in statuses):
                 self._errored.discard(source)

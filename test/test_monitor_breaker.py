@@ -278,3 +278,23 @@ async def test_a_window_that_only_ages_into_a_surge_is_judged_within_a_full_pass
     for second in range(62, 62 + int(BREAKER_FULL_PASS_SECONDS) + 1):
         await breaker.check(T0 + second)
     assert redis.store.smembers(contracts.TEMP_HALTED) == {"example"}  # 25 of 25
+
+
+async def test_on_the_real_redis_the_window_is_trimmed_and_both_halts_read(redis_client, unique) -> None:
+    """The breaker's read by script (READ_WINDOWS): the minute window trimmed, its last minute and
+    the newest 50 statuses judged, as the fake Redis does."""
+    import time
+    now = time.time()
+    surging, failing, healthy = (f"{unique}-{name}" for name in ("surging", "failing", "healthy"))
+    for source, old, recent, last in ((surging, 50, ["200"] * 80 + ["500"] * 20, ["200"] * 60),
+                                      (failing, 0, ["200"] * 5, ["200"] * 10 + ["503"] * 50),
+                                      (healthy, 0, ["200"] * 99 + ["500"], ["500"] * 49 + ["200"])):
+        await redis_client.zadd(contracts.ACTIVE_SOURCES, {source: now - 1})
+        await redis_client.zadd(contracts.one_minute_window_key(source),
+                                {f"500:old{n}": now - 61 for n in range(old)}
+                                | {f"{status}:{n}": now - 30 for n, status in enumerate(recent)})
+        await redis_client.rpush(contracts.last_50_key(source), *last)
+    await CircuitBreaker(redis_client).check(now)
+    assert await redis_client.zcard(contracts.one_minute_window_key(surging)) == 100  # the 50 old ones dropped
+    assert await redis_client.smismember(contracts.TEMP_HALTED, [surging, failing, healthy]) == [1, 0, 0]
+    assert await redis_client.smismember(contracts.HALTED, [surging, failing, healthy]) == [0, 1, 0]

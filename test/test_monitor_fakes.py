@@ -253,6 +253,7 @@ class FakeAsyncRedis:
         """The monitor's scripts (regulator.REFILL, batched_keys'), run in Python on the same keys,
         through the store's commands (a RecordingStore records them)."""
         from crawl_monitor import batched_keys
+        from crawl_monitor.circuit_breaker import READ_WINDOWS
         from crawl_monitor.regulator import REFILL
         store = self.store
 
@@ -282,8 +283,16 @@ class FakeAsyncRedis:
                 at += 1 + 2 * n
             return len(keys)
 
-        scripts = {REFILL: refill, batched_keys.HGETALL_MANY: hgetall_many, batched_keys.LRANGE_MANY: lrange_many,
-                   batched_keys.SMEMBERS_MANY: smembers_many, batched_keys.HSET_EXPIRE_MANY: hset_expire_many}
+        async def read_windows(keys: list[str], args: list) -> list[list[str]]:
+            replies = []
+            for minute, last_50 in zip(keys[::2], keys[1::2], strict=True):
+                store.zremrangebyscore(minute, "-inf", args[0])
+                replies += [store.zrangebyscore(minute, args[1], "+inf"), store.lrange(last_50, -int(args[2]), -1)]
+            return replies
+
+        scripts = {REFILL: refill, READ_WINDOWS: read_windows, batched_keys.HGETALL_MANY: hgetall_many,
+                   batched_keys.LRANGE_MANY: lrange_many, batched_keys.SMEMBERS_MANY: smembers_many,
+                   batched_keys.HSET_EXPIRE_MANY: hset_expire_many}
         assert script in scripts, "FakeAsyncRedis knows only the monitor's scripts"
         return scripts[script]
 
