@@ -69,7 +69,7 @@ from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.settings import Settings
 from crawl_monitor.active_sources import Rereads
-from crawl_monitor.source_state import SourceState, read_sources, shown_sources
+from crawl_monitor.source_state import SourceState, read_charted, read_sources, shown_sources
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 SAMPLE_SECONDS = 5.0  # the monitor logs an update every 5 s; sampling faster adds nothing
@@ -281,7 +281,7 @@ class _Api:
         while True:
             try:
                 shown = await shown_sources(self.redis, time.time())
-                sources = await read_sources(self.redis, sources, rereads, among=shown)
+                sources = await read_charted(self.redis, shown, sources or {}, rereads)
             except RedisError as exc:
                 log_event(EVENT_HTTP_API_ERROR, where="sampler", error=repr(exc))
                 sources = None

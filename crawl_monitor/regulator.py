@@ -24,7 +24,7 @@ from common.source_sets import stopped_among
 from common.redis_values import non_negative
 from common.protocols import AsyncRedis
 from common.settings import DISCOVERY_ALL, DISCOVERY_LISTS, DISCOVERY_NONE
-from crawl_monitor.active_sources import wanting_scores
+from crawl_monitor.active_sources import wanting_since
 from crawl_monitor.adaptive import Adaptation
 from crawl_monitor.constants import (ACTIVE_SOURCES_TICK_SECONDS, BUCKET_TTL_MS, LIST_SIZES_REFRESH_SECONDS,
                                      MAX_RETRY_AFTER_SECONDS,
@@ -104,7 +104,7 @@ class Regulator:
     async def tick(self, now: float) -> dict[str, int]:
         """Set the bucket of every source active lately, for the second starting at ``now``
         (Unix time); return the grants. Reads and writes only those sources' keys."""
-        sources = sorted(await wanting_scores(self._redis, now - ACTIVE_SOURCES_TICK_SECONDS))
+        sources = sorted(await wanting_since(self._redis, now - ACTIVE_SOURCES_TICK_SECONDS))
         self._forget_others(sources, now)
         if not sources:
             self.rates = {}

@@ -5,7 +5,7 @@ so the operator's CLI does not import the web server to read it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -92,15 +92,9 @@ async def shown_sources(redis: Redis, now: float) -> list[str]:
     return sorted(await wanting_since(redis, now - SHOWN_RECENT_SECONDS) | sets.stopped)
 
 
-async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = None,
-                       rereads: Rereads | None = None, among: list[str] | None = None) -> dict[str, SourceState]:
-    """Every source in ``inbound_sources`` (or only those ``among``) with its counters, limits and halts.
-
-    With ``previous`` and ``rereads`` (a periodic reader), only the sources ``rereads`` names
-    are read (one MGET per key kind, their adaptive state and failures by status); the others
-    keep what ``previous`` holds, so a quiet source's expiring rate and tokens show until the
-    next full read (docs/decisions.md).
-    """
+async def read_sources(redis: Redis, among: list[str] | None = None) -> dict[str, SourceState]:
+    """Every source in ``inbound_sources`` (or only those ``among``) with its counters, limits and halts:
+    one MGET per key kind, their adaptive states, opt-outs and failures by status by script."""
     if among is None:
         sets = await read_source_sets(redis)
         sources, halted, temp_halted = sorted(sets.inbound), sets.halted, sets.temp_halted
@@ -109,37 +103,52 @@ async def read_sources(redis: Redis, previous: dict[str, SourceState] | None = N
         halted, temp_halted = await stopped_among(redis, sources)
     if not sources:
         return {}
-    known = previous or {}
-    due = sources if rereads is None else sorted(await rereads.due(redis, sources, known))
     kinds = (source_requests_key, resized_key, rate_limit_key, override_rate_key, tokens_key, adaptive_off_key,
              urls_split_key, urls_ended_key)
-    columns: list[list] = [[] for _ in kinds]
-    if due:
-        pipe = redis.pipeline(transaction=False)
-        for key_of in kinds:
-            pipe.mget([key_of(source) for source in due])
-        columns = await pipe.execute()
+    pipe = redis.pipeline(transaction=False)
+    for key_of in kinds:
+        pipe.mget([key_of(source) for source in sources])
+    columns = await pipe.execute()
     keys = BatchedKeys(redis)
-    hashes = await keys.hashes([adaptive_key(source) for source in due] + [opted_out_key(source) for source in due])
-    adaptive_states, opted_out_states = hashes[:len(due)], hashes[len(due):]
-    opted_out = {source: signal_counts(raw) for source, raw in zip(due, opted_out_states, strict=True)}
-    errors = await _read_errors(redis, keys, due)
-    adapted = {source: {as_text(k): finite_number(v) for k, v in (raw or {}).items()}
-               for source, raw in zip(due, adaptive_states, strict=True)}
-    states = {source: replace(known[source], halted=source in halted, temp_halted=source in temp_halted)
-              for source in sources if source in known}
-    for source, requests, successes, rate, override, tokens, off, split, ended in zip(due, *columns, strict=True):
-        before = known.get(source, SourceState())
-        adaptive = adapted[source] if source in adapted else {name: getattr(before, name) for name in _ADAPTIVE_FIELDS}
+    hashes = await keys.hashes([adaptive_key(source) for source in sources]
+                               + [opted_out_key(source) for source in sources])
+    adaptive_states, opted_out_states = hashes[:len(sources)], hashes[len(sources):]
+    errors = await _read_errors(redis, keys, sources)
+    states = {}
+    for source, requests, successes, rate, override, tokens, off, split, ended, adaptive_state, opted_out in zip(
+            sources, *columns, adaptive_states, opted_out_states, strict=True):
+        adaptive = {as_text(k): finite_number(v) for k, v in adaptive_state.items()}
         states[source] = SourceState(
             requests=count(requests), successes=count(successes),
-            errors=errors.get(source, before.errors),
+            errors=errors[source],
             rate_limit=finite_number(rate), override=finite_number(override),
             tokens=_whole(finite_number(tokens)),
             halted=source in halted, temp_halted=source in temp_halted,
             **{name: adaptive.get(name) for name in _ADAPTIVE_FIELDS},
             adaptive=off is None,
             backlog=backlog(split, ended),
-            opted_out=opted_out.get(source, before.opted_out),
+            opted_out=signal_counts(opted_out),
         )
+    return states  # in name order
+
+
+async def read_charted(redis: Redis, sources: list[str], previous: dict[str, SourceState],
+                       rereads: Rereads) -> dict[str, SourceState]:
+    """What the dashboard's chart samples of ``sources`` every 5 s (``http_api.History``): each one's
+    requests and granted rate, the other fields left at their defaults. Only the sources ``rereads``
+    names are read (two MGETs); the others keep what ``previous`` holds, so a quiet source's expiring
+    rate shows until the next full read (docs/decisions.md). The rest of a state is read when
+    ``/status`` or ``/metrics`` asks (``read_sources``), not each sample."""
+    sources = sorted(sources)
+    if not sources:
+        return {}
+    due = sorted(await rereads.due(redis, sources, previous))
+    states = {source: previous[source] for source in sources if source in previous}
+    if due:
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.mget([source_requests_key(source) for source in due])
+            pipe.mget([rate_limit_key(source) for source in due])
+            requests, rates = await pipe.execute()
+        for source, sent, rate in zip(due, requests, rates, strict=True):
+            states[source] = SourceState(requests=count(sent), rate_limit=finite_number(rate))
     return {source: states[source] for source in sources}  # in name order, read or kept

@@ -263,3 +263,29 @@ def test_history_is_bounded_in_bytes_whatever_the_number_of_sources() -> None:
     assert sizes[1] < 3_000_000 and sizes[1] < 1.5 * sizes[0], sizes  # levelled off, ~1 GiB before
     assert history.samples[-1]["requests_rps"] == pytest.approx(sum(n % 97 for n in range(2000)) / 5)
     assert history.achieved_rps("s0096") == 96 / 5  # every source's latest rate, busiest or not
+
+
+async def test_the_chart_rereads_the_active_sources_each_sample_and_the_quiet_ones_each_minute(redis_client) -> None:
+    """The sampler reads only what the chart shows (requests, the granted rate) and, between two full
+    reads, only of the sources active since its last read: a quiet one keeps its last value."""
+    from crawl_monitor.active_sources import Rereads
+    from crawl_monitor.constants import ACTIVE_SOURCES_FULL_READ_SECONDS
+    from crawl_monitor.source_state import read_charted
+    await seed(redis_client)
+    now = [time.time()]
+    await redis_client.zadd(c.ACTIVE_SOURCES, {"animaldiversity": now[0] - 3600})  # quiet for an hour
+    rereads, shown = Rereads(clock=lambda: now[0]), ["flickr", "animaldiversity", "phylopic"]
+    first = await read_charted(redis_client, shown, {}, rereads)
+    assert list(first) == sorted(shown)
+    assert first["flickr"] == SourceState(requests=13250, rate_limit=178.375)
+    assert first["animaldiversity"] == SourceState(requests=40, rate_limit=0.5)
+    for source in ("flickr", "animaldiversity"):
+        await redis_client.incrby(c.source_requests_key(source), 10)
+    now[0] += 5
+    await redis_client.zadd(c.ACTIVE_SOURCES, {"flickr": now[0]})
+    second = await read_charted(redis_client, shown, first, rereads)
+    assert (second["flickr"].requests, second["animaldiversity"].requests) == (13260, 40)
+    now[0] += ACTIVE_SOURCES_FULL_READ_SECONDS
+    third = await read_charted(redis_client, shown, second, rereads)
+    assert (third["flickr"].requests, third["animaldiversity"].requests) == (13260, 50)
+    assert await read_charted(redis_client, [], third, rereads) == {}
