@@ -21,7 +21,6 @@ RATE_REFRESH = 1.0  # seconds between reads of rate_limit:{source} (the schedule
 
 
 async def crawl(redis_url: str, processes: int, seconds: float, plan: dict[str, str]) -> dict[str, dict[str, int]]:
-    import aiohttp
     import redis.asyncio as aioredis
 
     from common.contracts import rate_limit_key
@@ -35,11 +34,10 @@ async def crawl(redis_url: str, processes: int, seconds: float, plan: dict[str, 
 
     settings = Settings(redis_url=redis_url, crawl_user_agent=TEST_USER_AGENT, crawl_allow_private_networks=True)
     redis = aioredis.from_url(redis_url, decode_responses=True)
-    session = aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT})
     client = HttpClient(TEST_USER_AGENT)
     view = MonitorView()
     tokens = TokenBuckets(redis, view)
-    fetcher = Fetcher(client, build_gate(settings, redis, session), tokens, 1 << 20)
+    fetcher = Fetcher(client, build_gate(settings, redis, client), tokens, 1 << 20)
     outcomes: dict[str, dict[str, int]] = {source: {} for source in plan}
     counter = iter(range(10**9))
     deadline = 0.0
@@ -78,7 +76,6 @@ async def crawl(redis_url: str, processes: int, seconds: float, plan: dict[str, 
         refresher.cancel()
     finally:
         await client.close()
-        await session.close()
         await redis.aclose()
     return outcomes
 

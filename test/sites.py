@@ -17,9 +17,9 @@ from pathlib import Path
 from collections.abc import Mapping
 from urllib.parse import urljoin
 
-import aiohttp
 from aiohttp import web
 
+from worker.fetching.http_client import HttpClient
 from worker.politeness import Refused, RequestGate
 
 TEST_USER_AGENT = "polite-test-bot/1.0 (+http://127.0.0.1/about)"
@@ -112,7 +112,7 @@ class Site:
         return sorted(hit.time for hit in self.hits if hit.path.startswith(path_prefix))
 
 
-async def fetch_politely(gate: RequestGate, session: aiohttp.ClientSession, url: str,
+async def fetch_politely(gate: RequestGate, client: HttpClient, url: str,
                          source: str, max_redirects: int = 5) -> int | str:
     """Drive the gate the way the worker's fetcher does; the final status or refusal reason."""
     for _ in range(max_redirects + 1):
@@ -121,8 +121,8 @@ async def fetch_politely(gate: RequestGate, session: aiohttp.ClientSession, url:
         except Refused as refused:
             return refused.reason
         async with gate.host_slot(url):
-            async with session.get(url, allow_redirects=False) as response:
-                await response.read()
+            async with client.get(url) as response:
+                await response.read_answer(1 << 20)
                 status, headers = response.status, response.headers
         await gate.after_response(url, source, status, headers)
         if status not in _REDIRECTS:
@@ -145,9 +145,12 @@ async def _crawler_process(redis_url: str, processes: int, urls: list[str]) -> N
         deadline = time.monotonic() + 30
         while int(await redis.get("test_barrier")) < processes and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        async with aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT}) as session:
-            gate = build_gate(settings, redis, session)
-            outcomes = await asyncio.gather(*(fetch_politely(gate, session, u, "test") for u in urls))
+        client = HttpClient(TEST_USER_AGENT)
+        try:
+            gate = build_gate(settings, redis, client)
+            outcomes = await asyncio.gather(*(fetch_politely(gate, client, u, "test") for u in urls))
+        finally:
+            await client.close()
         print(json.dumps(outcomes))
     finally:
         await redis.aclose()

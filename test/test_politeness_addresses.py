@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import socket
 
-import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver
 
-from common.settings import Settings
 from test.sites import Site
 from worker.politeness import Refused
-from worker.politeness.addresses import (AddressGuard, GuardedResolver, build_connector,
-                                         is_forbidden)
+from worker.fetching.http_client import HttpClient
+from worker.politeness.addresses import AddressGuard, GuardedResolver, is_forbidden
 
 pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
@@ -105,16 +103,21 @@ async def test_guarded_resolver_drops_forbidden_addresses():
         await GuardedResolver(FakeResolver(["127.0.0.1", "::1"])).resolve("rebind.example", 80)
 
 
-async def test_guarded_connector_never_connects_to_loopback():
+async def test_the_guarded_client_never_connects_to_loopback():
     async with Site() as site:
         port = site.url.rsplit(":", 1)[1]
-        async with aiohttp.ClientSession(connector=build_connector(Settings())) as session:
+        guarded = HttpClient("test", resolver=GuardedResolver())
+        try:
             with pytest.raises(Refused, match="ForbiddenAddress"):  # what the fetcher reports
-                await session.get(f"http://localhost:{port}/")
-            with pytest.raises(Refused, match="ForbiddenAddress"):  # aiohttp skips the resolver for literals
-                await session.get(f"http://127.0.0.1:{port}/")
-        async with aiohttp.ClientSession(connector=build_connector(
-                Settings(crawl_allow_private_networks=True))) as session:
-            async with session.get(f"http://localhost:{port}/") as response:
+                await guarded.connect(f"http://localhost:{port}/")
+            with pytest.raises(Refused, match="ForbiddenAddress"):  # IP literals go through the resolver too
+                await guarded.connect(f"http://127.0.0.1:{port}/")
+        finally:
+            await guarded.close()
+        unguarded = HttpClient("test")  # CRAWL_ALLOW_PRIVATE_NETWORKS: the system's resolver
+        try:
+            async with unguarded.get(f"http://localhost:{port}/") as response:
                 assert response.status == 200
+        finally:
+            await unguarded.close()
     assert site.paths() == ["/"]

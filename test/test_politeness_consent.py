@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 import pytest
 from multidict import CIMultiDict
 
@@ -15,6 +14,7 @@ from common.contracts import (SIGNAL_CONTENT_USAGE_HEADER, SIGNAL_ROBOTS, SIGNAL
                               robots_key, tdmrep_key)
 from common.statuses import Status
 from test.sites import TEST_USER_AGENT, Page, Site
+from worker.fetching.http_client import HttpClient
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.consent import ResponseConsent, usage_refusal
@@ -230,9 +230,10 @@ async def test_rules_too_long_for_one_group_disallow_everything(redis_client):
 
 
 @pytest.fixture
-async def session():
-    async with aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT}) as s:
-        yield s
+async def client():
+    client = HttpClient(TEST_USER_AGENT)
+    yield client
+    await client.close()
 
 
 @pytest.mark.parametrize("page, verdict", [
@@ -245,34 +246,34 @@ async def session():
     (Page(404), ALLOW_ALL), (Page(410), ALLOW_ALL), (Page(403), ALLOW_ALL),
     (Page(500), UNAVAILABLE), (Page(503), UNAVAILABLE), (Page(429), UNAVAILABLE),
 ])
-async def test_tdmrep_answers(session, page, verdict):
+async def test_tdmrep_answers(client, page, verdict):
     async with Site({TDMREP_PATH: page}) as site:
-        file = await fetch_tdmrep(session, origin_of(site.url), OPEN)
+        file = await fetch_tdmrep(client, origin_of(site.url), OPEN)
     assert file.verdict == verdict
 
 
-async def test_a_tdmrep_redirect_loop_is_no_file(session):
+async def test_a_tdmrep_redirect_loop_is_no_file(client):
     async with Site() as site:
         site.pages[TDMREP_PATH] = Page(301, headers={"Location": "/loop"})
         site.pages["/loop"] = Page(302, headers={"Location": TDMREP_PATH})
-        file = await fetch_tdmrep(session, origin_of(site.url), OPEN)
+        file = await fetch_tdmrep(client, origin_of(site.url), OPEN)
     assert file.verdict == ALLOW_ALL and len(site.hits) == 6
 
 
-async def test_a_tdmrep_redirect_to_a_forbidden_address_reserves_everything(session):
+async def test_a_tdmrep_redirect_to_a_forbidden_address_reserves_everything(client):
     async with Site({TDMREP_PATH: Page(302, headers={"Location": "http://10.0.0.1/tdmrep.json"})}) as site:
-        file = await fetch_tdmrep(session, origin_of(site.url), AddressGuard(enabled=True))
+        file = await fetch_tdmrep(client, origin_of(site.url), AddressGuard(enabled=True))
     assert file.verdict == DISALLOW_ALL and site.hits == []
 
 
-async def test_tdmrep_is_fetched_once_for_many_urls_and_shared(redis_client, session):
+async def test_tdmrep_is_fetched_once_for_many_urls_and_shared(redis_client, client):
     async with Site({TDMREP_PATH: Page(body=json.dumps(TDM), delay=0.2)}) as site:
         origin = origin_of(site.url)
         await redis_client.delete(tdmrep_key(origin))
 
         def cache() -> TdmRepCache:
             async def fetch(o: str) -> RobotsFile:
-                return await fetch_tdmrep(session, o, OPEN)
+                return await fetch_tdmrep(client, o, OPEN)
             return TdmRepCache(redis_client, fetch, TOKEN)
 
         workers = [cache() for _ in range(3)]

@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
 
-import aiohttp
 import pytest
 
 from common.contracts import robots_key, robots_lock_key
 from test.sites import TEST_USER_AGENT, Page, Site
+from worker.fetching.http_client import HttpClient
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
-from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, MAX_BYTES, RULES, ROBOTS_TTL,
+from worker.politeness.robots import (ALLOW_ALL, DISALLOW_ALL, DRAIN_BYTES, MAX_BYTES, RULES, ROBOTS_TTL,
                                       UNAVAILABLE, Backoff, RobotsCache, RobotsFile, Rules,
                                       fetch_robots, origin_of, product_token)
+from worker.politeness.tdmrep import TDMREP_PATH, fetch_tdmrep
 
 pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
@@ -22,55 +24,73 @@ OPEN = AddressGuard(enabled=False)
 
 
 @pytest.fixture
-async def session():
-    async with aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT}) as s:
-        yield s
+async def client():
+    client = HttpClient(TEST_USER_AGENT)
+    yield client
+    await client.close()
 
 
 @pytest.mark.parametrize("status, verdict", [
     (200, RULES), (204, RULES), (401, ALLOW_ALL), (403, ALLOW_ALL), (404, ALLOW_ALL),
     (410, ALLOW_ALL), (429, UNAVAILABLE), (500, UNAVAILABLE), (503, UNAVAILABLE),
 ])
-async def test_status_decides_the_verdict(session, status, verdict):
+async def test_status_decides_the_verdict(client, status, verdict):
     async with Site({"/robots.txt": Page(status, body="Disallow: /")}) as site:
-        file = await fetch_robots(session, origin_of(site.url), OPEN)
+        file = await fetch_robots(client, origin_of(site.url), OPEN)
     assert (file.verdict, file.status) == (verdict, status)
     assert site.hits[0].user_agent == TEST_USER_AGENT
 
 
-async def test_network_error_is_unavailable(session):
+async def test_network_error_is_unavailable(client):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed when the fetch runs: connection refused
-    assert (await fetch_robots(session, f"http://127.0.0.1:{port}", OPEN)).verdict == UNAVAILABLE
+    assert (await fetch_robots(client, f"http://127.0.0.1:{port}", OPEN)).verdict == UNAVAILABLE
 
 
-async def test_forbidden_address_is_never_fetched(session):
+async def test_forbidden_address_is_never_fetched(client):
     async with Site() as site:
-        file = await fetch_robots(session, origin_of(site.url), AddressGuard(enabled=True))
+        file = await fetch_robots(client, origin_of(site.url), AddressGuard(enabled=True))
     assert file.verdict == DISALLOW_ALL and site.hits == []
 
 
-async def test_oversize_body_is_truncated_at_500_kib(session):
+async def test_oversize_body_is_truncated_at_500_kib(client):
     head = "User-agent: *\nDisallow: /early\n"
     filler = "# " + "x" * 1000 + "\n"
     body = head + filler * 600 + "Disallow: /late\n"
     async with Site({"/robots.txt": Page(body=body)}) as site:
-        file = await fetch_robots(session, origin_of(site.url), OPEN)
+        file = await fetch_robots(client, origin_of(site.url), OPEN)
     assert len(file.body.encode()) <= MAX_BYTES and file.body.endswith("\n")
     rules = Rules(file, TOKEN)
     assert not rules.allowed(site.url + "/early") and rules.allowed(site.url + "/late")
 
 
+@pytest.mark.parametrize("missing, kept", [(Page(404, body="<html>not here</html>"), 1),
+                                           (Page(404, body="x" * (DRAIN_BYTES + 1)), 0)])
+async def test_a_sites_rules_files_leave_their_connection_to_its_images(client, missing, kept):
+    async with Site({"/robots.txt": Page(body="User-agent: *\nDisallow: /x\n"), TDMREP_PATH: missing}) as site:
+        origin = origin_of(site.url)
+        assert (await fetch_robots(client, origin, OPEN)).verdict == RULES
+        assert (await fetch_tdmrep(client, origin, OPEN)).verdict == ALLOW_ALL
+        assert client.idle_connections == kept  # a small 404 page read through; a long one closed
+
+
+async def test_a_robots_txt_sent_gzipped_unasked_is_read(client):
+    body = gzip.compress(b"User-agent: *\nDisallow: /x\n")
+    async with Site({"/robots.txt": Page(body=body, headers={"Content-Encoding": "gzip"})}) as site:
+        file = await fetch_robots(client, origin_of(site.url), OPEN)
+    assert not Rules(file, TOKEN).allowed(site.url + "/x/1.jpg")
+
+
 @pytest.mark.parametrize("hops, verdict", [(5, RULES), (6, ALLOW_ALL)])
-async def test_redirect_chain(session, hops, verdict):
+async def test_redirect_chain(client, hops, verdict):
     async with Site() as target:
         target.pages["/final.txt"] = Page(body="User-agent: *\nDisallow: /x\n")
         async with Site() as site:
             pages = {"/robots.txt": "/r1"} | {f"/r{i}": f"/r{i + 1}" for i in range(1, hops - 1)}
             pages[f"/r{hops - 1}"] = target.url + "/final.txt"  # the last hop changes origin
             site.pages.update({p: Page(301, headers={"Location": loc}) for p, loc in pages.items()})
-            file = await fetch_robots(session, origin_of(site.url), OPEN)
+            file = await fetch_robots(client, origin_of(site.url), OPEN)
     assert file.verdict == verdict
     assert len(site.hits) == hops and len(target.hits) == (hops <= 5)
 

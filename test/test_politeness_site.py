@@ -5,13 +5,13 @@ import asyncio
 import time
 from itertools import pairwise
 
-import aiohttp
 import pytest
 
 from common.contracts import retry_after_key
 from common.settings import Settings
 from test.sites import TEST_USER_AGENT, Page, Site, fetch_politely, run_racing
 from test.worker_fakes import LoopbackResolver
+from worker.fetching.http_client import HttpClient
 from worker.politeness.addresses import system_resolve
 from worker.politeness.gate import build_gate
 from worker.politeness.tdmrep import TDMREP_PATH
@@ -27,9 +27,10 @@ def settings(redis_url: str, **overrides) -> Settings:
 
 
 @pytest.fixture
-async def session():
-    async with aiohttp.ClientSession(headers={"User-Agent": TEST_USER_AGENT}) as s:
-        yield s
+async def client():
+    client = HttpClient(TEST_USER_AGENT)
+    yield client
+    await client.close()
 
 
 async def run_crawlers(redis_url: str, url_lists: list[list[str]]) -> list[list]:
@@ -37,15 +38,15 @@ async def run_crawlers(redis_url: str, url_lists: list[list[str]]) -> list[list]
     return await run_racing("test.sites", [[redis_url, str(len(url_lists)), *urls] for urls in url_lists], 60)
 
 
-async def test_disallowed_paths_are_never_requested(redis_client, redis_url, session):
+async def test_disallowed_paths_are_never_requested(redis_client, redis_url, client):
     robots = ("User-agent: *\nDisallow: /\n\n"
               "User-agent: polite-test-bot\nDisallow: /secret\nAllow: /secret/ok\n")
     async with Site({"/robots.txt": Page(body=robots),
                      "/go": Page(302, headers={"Location": "/secret/x"})}) as site:
-        gate = build_gate(settings(redis_url), redis_client, session)
+        gate = build_gate(settings(redis_url), redis_client, client)
         paths = ["/a", "/secret/x", "/secret/ok/y", "/private/z", "/go", "/secret"]
         outcomes = await asyncio.gather(
-            *(fetch_politely(gate, session, site.url + p, "test") for p in paths))
+            *(fetch_politely(gate, client, site.url + p, "test") for p in paths))
     assert outcomes == [200, "RobotsDisallowed", 200, 200, "RobotsDisallowed", "RobotsDisallowed"]
     assert sorted(site.paths()) == [TDMREP_PATH, "/a", "/go", "/private/z", "/robots.txt", "/secret/ok/y"]
     assert all(hit.user_agent == TEST_USER_AGENT for hit in site.hits)
@@ -70,26 +71,26 @@ async def test_crawl_delay_spaces_requests_across_two_processes(redis_url):
     assert len(times) == 4 and min(gaps) >= 2.0 - 1e-3, gaps
 
 
-async def test_per_host_connection_cap(redis_client, redis_url, session):
+async def test_per_host_connection_cap(redis_client, redis_url, client):
     async with Site(default=Page(delay=0.2)) as site:
-        gate = build_gate(settings(redis_url, crawl_per_host_connections=3), redis_client, session)
+        gate = build_gate(settings(redis_url, crawl_per_host_connections=3), redis_client, client)
         outcomes = await asyncio.gather(
-            *(fetch_politely(gate, session, f"{site.url}/i/{i}", "test") for i in range(12)))
+            *(fetch_politely(gate, client, f"{site.url}/i/{i}", "test") for i in range(12)))
     assert outcomes == [200] * 12
     assert site.max_in_flight == 3
 
 
-async def test_429_with_retry_after_pauses_the_source(redis_client, redis_url, session):
+async def test_429_with_retry_after_pauses_the_source(redis_client, redis_url, client):
     async with Site({"/busy": Page(429, headers={"Retry-After": "5"}),
                      "/down": Page(503, headers={"Retry-After": "1"})}) as site:
-        gate = build_gate(settings(redis_url), redis_client, session)
+        gate = build_gate(settings(redis_url), redis_client, client)
         before = time.time()
-        assert await fetch_politely(gate, session, site.url + "/busy", "paused") == 429
+        assert await fetch_politely(gate, client, site.url + "/busy", "paused") == 429
         after = time.time()
         until = int(await redis_client.get(retry_after_key("paused")))
         assert before + 5 <= until <= after + 6
         # A shorter pause from a later response never shortens the one in force.
-        assert await fetch_politely(gate, session, site.url + "/down", "paused") == 503
+        assert await fetch_politely(gate, client, site.url + "/down", "paused") == 503
         assert int(await redis_client.get(retry_after_key("paused"))) == until
         assert 0 < await redis_client.ttl(retry_after_key("paused")) <= 5 + 61
 
@@ -106,11 +107,13 @@ async def test_redirect_to_internal_address_is_refused_per_hop(redis_client, red
         site.pages["/img"] = Page(302, headers={"Location": f"http://127.0.0.1:{port}/internal"})
         site.pages["/meta"] = Page(302, headers={"Location": "http://169.254.169.254/latest/"})
         site.pages["/local"] = Page(302, headers={"Location": f"http://localhost:{port}/internal"})
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=LoopbackResolver()),
-                                         headers={"User-Agent": TEST_USER_AGENT}) as session:
+        client = HttpClient(TEST_USER_AGENT, resolver=LoopbackResolver())
+        try:
             gate = build_gate(settings(redis_url, crawl_allow_private_networks=False),
-                              redis_client, session, resolve=public_dns)
-            outcomes = [await fetch_politely(gate, session, public + p, "test")
+                              redis_client, client, resolve=public_dns)
+            outcomes = [await fetch_politely(gate, client, public + p, "test")
                         for p in ("/img", "/meta", "/local", "/fine")]
+        finally:
+            await client.close()
     assert outcomes == ["ForbiddenAddress"] * 3 + [200]
     assert sorted(site.paths()) == [TDMREP_PATH, "/fine", "/img", "/local", "/meta", "/robots.txt"]

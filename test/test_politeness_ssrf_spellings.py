@@ -1,14 +1,14 @@
 """The SSRF guard against every way of writing a forbidden host we could think of.
 
 Each spelling is fetched the way the worker fetches: through the whole fetcher
-(address guard, robots.txt over aiohttp, per-host cap, the image client), and
-through each connecting layer alone (the image client with its guarded
-resolver; aiohttp with the guarded connector), directly and as the target of a
-redirect from a public-looking first hop (for images and for robots.txt).
+(address guard, robots.txt, per-host cap, the image client), and through the
+connecting layer alone (the image client with its guarded resolver, which
+fetches robots.txt too), directly and as the target of a redirect from a
+public-looking first hop (for images and for robots.txt).
 
 Nothing leaves this machine: names resolve from ``NAMES`` (or as numeric
 literals, ``AI_NUMERICHOST``), and ``loop.sock_connect``, through which every
-asyncio TCP connect goes (ours and aiohttp's happy eyeballs), is intercepted. A
+asyncio TCP connect goes, is intercepted. A
 connect to ``PUBLIC_IP`` is diverted to the local test site; any other connect
 is recorded and refused, and fails the test: every spelling below names a
 forbidden address, so the only address that may ever be connected to is the
@@ -21,7 +21,6 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
-import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver
 
@@ -32,7 +31,7 @@ from test.worker_fakes import FakeRedis
 from worker.fetching.fetch import FetchError, Fetcher
 from worker.fetching.http_client import HttpClient
 from worker.politeness import Refused
-from worker.politeness.addresses import AddressGuard, GuardedResolver, build_connector, system_resolve
+from worker.politeness.addresses import AddressGuard, GuardedResolver, system_resolve
 from worker.politeness.gate import build_gate
 from worker.politeness.tdmrep import TDMREP_PATH, fetch_tdmrep
 from worker.politeness.robots import ALLOW_ALL, DISALLOW_ALL, UNAVAILABLE, fetch_robots, origin_of
@@ -237,18 +236,15 @@ async def world(redis_client, redis_url, monkeypatch):
         net = FakeNetwork(int(site.url.rsplit(":", 1)[1]),
                           {(redis_address.hostname, redis_address.port)}, loop.sock_connect)
         monkeypatch.setattr(loop, "sock_connect", net.sock_connect)
-        async with aiohttp.ClientSession(
-                connector=build_connector(SETTINGS, resolver=GuardedResolver(net)),
-                headers={"User-Agent": TEST_USER_AGENT}) as session:
-            client = HttpClient(TEST_USER_AGENT, resolver=GuardedResolver(net))
-            tokens = FakeRedis()
-            await tokens.set(tokens_key(SOURCE), 1_000_000)
-            gate = build_gate(SETTINGS, redis_client, session, resolve=net.guard_resolve)
-            fetcher = Fetcher(client, gate, TokenBuckets(tokens), 10_000, total_timeout=10)
-            try:
-                yield site, net, session, client, fetcher
-            finally:
-                await client.close()
+        client = HttpClient(TEST_USER_AGENT, resolver=GuardedResolver(net))
+        tokens = FakeRedis()
+        await tokens.set(tokens_key(SOURCE), 1_000_000)
+        gate = build_gate(SETTINGS, redis_client, client, resolve=net.guard_resolve)
+        fetcher = Fetcher(client, gate, TokenBuckets(tokens), 10_000, total_timeout=10)
+        try:
+            yield site, net, client, fetcher
+        finally:
+            await client.close()
 
 
 # RobotsUnavailable: robots.txt of a host that resolves nowhere could not be had, so nothing was asked.
@@ -275,38 +271,27 @@ async def client_alone(client: HttpClient, url: str) -> str:
         return type(exc).__name__
 
 
-async def aiohttp_alone(session: aiohttp.ClientSession, url: str) -> str:
-    try:
-        async with session.get(url, allow_redirects=False) as response:
-            return str(response.status)
-    except Refused as exc:
-        return exc.reason
-    except (ValueError, aiohttp.ClientError, OSError) as exc:
-        return type(exc).__name__
-
-
 def ids(spelling: tuple[str, str]) -> str:
     return f"{spelling[0]}:{spelling[1].encode('unicode_escape').decode()}"
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS, ids=ids)
 async def test_a_forbidden_spelling_is_never_connected_to(world, spelling):
-    site, net, session, client, fetcher = world
+    site, net, client, fetcher = world
     url = f"http://{spelling[1]}:{net.site_port}/x.jpg"
     results = {"fetcher": await outcome(fetcher, url)}
     assert net.forbidden_connects() == [], f"through the whole fetcher: {results}"
     assert results["fetcher"] in REFUSALS
     assert net.names_connected_unjudged() == set()
     assert site.hits == []
-    # each connecting layer alone (mixed.test may reach its public address: no harm)
+    # the connecting layer alone (mixed.test may reach its public address: no harm)
     results["client alone"] = await client_alone(client, url)
-    results["aiohttp alone"] = await aiohttp_alone(session, url)
     assert net.forbidden_connects() == [], results
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS, ids=ids)
 async def test_a_redirect_to_a_forbidden_spelling_is_never_followed(world, spelling):
-    site, net, session, client, fetcher = world
+    site, net, client, fetcher = world
     target = f"http://{spelling[1]}:{net.site_port}/x.jpg"
     site.pages["/hop"] = Page(302, headers={"Location": target})
     first = f"http://public.test:{net.site_port}/hop"
@@ -314,34 +299,34 @@ async def test_a_redirect_to_a_forbidden_spelling_is_never_followed(world, spell
     assert net.forbidden_connects() == [], f"through the whole fetcher: {result}"
     assert result in REFUSALS
     assert net.names_connected_unjudged() == set()
-    # robots.txt redirected to the spelling: with the guard, and with the connector alone
+    # robots.txt redirected to the spelling: with the guard, and with the client's resolver alone
     site.pages["/robots.txt"] = Page(301, headers={"Location": target})
     origin = f"http://public.test:{net.site_port}"
     guarded = AddressGuard(resolve=net.guard_resolve)
     # refused (disallow), or a name that resolves nowhere (unavailable: its URLs wait)
-    assert (await fetch_robots(session, origin, guarded)).verdict in (DISALLOW_ALL, UNAVAILABLE)
+    assert (await fetch_robots(client, origin, guarded)).verdict in (DISALLOW_ALL, UNAVAILABLE)
     assert net.forbidden_connects() == [], "robots.txt, guarded"
     assert {hit.path for hit in site.hits} <= {"/hop", "/robots.txt", TDMREP_PATH}
-    await fetch_robots(session, origin, AddressGuard(enabled=False))
-    assert net.forbidden_connects() == [], "robots.txt, the connector alone"
+    await fetch_robots(client, origin, AddressGuard(enabled=False))
+    assert net.forbidden_connects() == [], "robots.txt, the client's resolver alone"
     # tdmrep.json redirected to the spelling: the same guard on every hop
     site.pages[TDMREP_PATH] = Page(301, headers={"Location": target})
-    assert (await fetch_tdmrep(session, origin, guarded)).verdict in (DISALLOW_ALL, UNAVAILABLE)
+    assert (await fetch_tdmrep(client, origin, guarded)).verdict in (DISALLOW_ALL, UNAVAILABLE)
     assert net.forbidden_connects() == [], "tdmrep.json, guarded"
 
 
 @pytest.mark.parametrize("authority", PUBLIC_SPELLINGS, ids=lambda a: a.encode("unicode_escape").decode())
 async def test_a_public_spelling_connects_to_the_address_the_guard_judged(world, authority):
-    site, net, session, client, fetcher = world
+    site, net, client, fetcher = world
     assert await outcome(fetcher, f"http://{authority}:{net.site_port}/x.jpg") == "200"
     assert await client_alone(client, f"http://{authority}:{net.site_port}/y.jpg") == "200"
     assert {host for host, _port in net.connects} == {PUBLIC_IP}
     assert net.names_connected_unjudged() == set()
     assert site.paths() == ["/robots.txt", TDMREP_PATH, "/x.jpg", "/y.jpg"]
     site.pages["/robots.txt"] = Page(404)
-    robots = await fetch_robots(session, origin_of(f"http://{authority}:{net.site_port}/"),
+    robots = await fetch_robots(client, origin_of(f"http://{authority}:{net.site_port}/"),
                                 AddressGuard(resolve=net.guard_resolve))
-    assert robots.verdict == ALLOW_ALL  # the same host, through aiohttp
+    assert robots.verdict == ALLOW_ALL  # the same host, robots.txt alone
 
 
 # --- end to end, against a real loopback server -----------------------------------
@@ -350,18 +335,16 @@ async def test_the_reported_url_reaches_nothing_on_loopback(redis_client, host):
     """The issue's URL, with the system resolver and nothing faked: zero requests at the site."""
     async with Site() as site:
         port = site.url.rsplit(":", 1)[1]
-        async with aiohttp.ClientSession(connector=build_connector(SETTINGS),
-                                         headers={"User-Agent": TEST_USER_AGENT}) as session:
-            client = HttpClient(TEST_USER_AGENT, resolver=GuardedResolver())
-            tokens = FakeRedis()
-            await tokens.set(tokens_key(SOURCE), 10)
-            fetcher = Fetcher(client, build_gate(SETTINGS, redis_client, session, resolve=system_resolve),
-                              TokenBuckets(tokens), 10_000, total_timeout=10)
-            try:
-                assert await outcome(fetcher, f"http://{host}:{port}/x.jpg") in {"ForbiddenAddress", "InvalidURL"}
-                assert await client_alone(client, f"http://{host}:{port}/x.jpg") == "ForbiddenAddress"
-                assert await aiohttp_alone(session, f"http://{host}:{port}/robots.txt") in {
-                    "ForbiddenAddress", "InvalidUrlClientError"}  # aiohttp refuses 2130706433 itself
-            finally:
-                await client.close()
+        client = HttpClient(TEST_USER_AGENT, resolver=GuardedResolver())
+        tokens = FakeRedis()
+        await tokens.set(tokens_key(SOURCE), 10)
+        fetcher = Fetcher(client, build_gate(SETTINGS, redis_client, client, resolve=system_resolve),
+                          TokenBuckets(tokens), 10_000, total_timeout=10)
+        try:
+            assert await outcome(fetcher, f"http://{host}:{port}/x.jpg") in {"ForbiddenAddress", "InvalidURL"}
+            assert await client_alone(client, f"http://{host}:{port}/x.jpg") == "ForbiddenAddress"
+            assert (await fetch_robots(client, f"http://{host}:{port}", AddressGuard(enabled=False))).verdict \
+                in (DISALLOW_ALL, UNAVAILABLE)  # the client's resolver alone refuses it
+        finally:
+            await client.close()
     assert site.hits == []

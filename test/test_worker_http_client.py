@@ -1053,3 +1053,44 @@ async def test_a_put_on_a_connection_the_store_closed_while_idle_is_sent_again_w
         assert await client.put(server.url("/b/k.jpg"), data, "image/jpeg", MAX) == (200, b"")
         await asyncio.sleep(0.05)  # the store's close reaches the client while it is idle
     assert server.accepts == 2 and [body for _head, body in requests] == [data, data]
+
+
+# --- 13. A rules file's prefix (robots.txt, tdmrep.json) ---------------------------------
+async def prefix(client: HttpClient, url: str, limit: int) -> bytes:
+    async with client.get(url) as response:
+        return await response.read_prefix(limit)
+
+
+@pytest.mark.parametrize("answer", [ok(b"0123456789" * 10), CHUNKED_HEAD + chunked(b"0123456789" * 10),
+                                    CHUNKED_HEAD + chunked(*[b"0123456789"] * 10)])
+async def test_a_body_within_the_limit_is_read_whole_and_keeps_its_connection(serve, client, answer):
+    server = await serve(respond(answer))
+    assert await prefix(client, server.url(), 100) == b"0123456789" * 10
+    assert await prefix(client, server.url(), 100) == b"0123456789" * 10
+    assert server.accepts == 1
+
+
+@pytest.mark.parametrize("answer, close", [
+    (ok(b"0123456789" * 100), False),
+    (CHUNKED_HEAD + chunked(*[b"0123456789"] * 100), False),
+    (CHUNKED_HEAD + chunked(b"0123456789" * 100), False),
+    (head("HTTP/1.1 200 OK") + b"0123456789" * 100, True)])
+async def test_a_longer_body_is_cut_at_the_limit_and_its_connection_closed(serve, client, answer, close):
+    server = await serve(respond(answer, close=close))
+    assert await prefix(client, server.url(), 95) == (b"0123456789" * 10)[:95]
+    assert client.idle_connections == 0
+
+
+@pytest.mark.parametrize("encoding, encode", [
+    ("gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", lambda d: zlib.compress(d, wbits=-15))])
+async def test_an_encoded_prefix_is_decoded_as_far_as_the_limit(serve, client, encoding, encode):
+    text = b"User-agent: *\nDisallow: /private\n" * 1000
+    server = await serve(respond(ok(encode(text), f"Content-Encoding: {encoding}")))
+    assert await prefix(client, server.url(), 1 << 20) == text
+    assert await prefix(client, server.url(), 100) == text[:100]
+
+
+async def test_a_garbled_encoded_prefix_is_bad_response(serve, client):
+    server = await serve(respond(ok(b"not gzip at all", "Content-Encoding: gzip")))
+    with pytest.raises(BadResponse):
+        await prefix(client, server.url(), 100)

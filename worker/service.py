@@ -10,7 +10,6 @@ import asyncio
 import signal
 import threading
 
-import aiohttp
 
 from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOP_OVERDUE, EVENT_WORKER_STOPPED
 from common.contracts import EVENT_TASK_CRASHED, HALTED_GROUP, WAIT_GROUP, WORKER_GROUP
@@ -25,7 +24,7 @@ from worker.intake.group_join import Joining, ensure_worker_topics, joined
 from worker.fetching.fetch import Fetcher
 from worker import metrics
 from worker.fetching.http_client import HttpClient
-from worker.politeness.addresses import GuardedResolver, build_connector
+from worker.politeness.addresses import GuardedResolver
 from worker.politeness.gate import build_gate, response_consent
 from worker.imaging.pool import ImagePool
 from worker.parking.hand_back_on_resume import HaltedLine
@@ -52,18 +51,14 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
     wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
     halted_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, HALTED_GROUP, **CONSUMER_EXTRA_CONFIG))
     pool = ImagePool()
-    connector = build_connector(settings, limit=settings.max_tasks,
-                                limit_per_host=settings.crawl_per_host_connections)
-    # aiohttp for robots.txt; images through our own client, straight into shared memory.
-    session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                                    headers={"User-Agent": settings.crawl_user_agent})
+    # Images straight into shared memory, and each site's robots.txt and tdmrep.json on the same connections.
     images = HttpClient(settings.crawl_user_agent,
                         resolver=None if settings.crawl_allow_private_networks else GuardedResolver())
     try:
         async with thumbnail_store(settings) as thumbnails:
             view = MonitorView()  # what the monitor decided: the scheduler refreshes it, all three read it
             tokens = TokenBuckets(redis, view)
-            fetcher = Fetcher(images, build_gate(settings, redis, session), tokens, settings.max_image_bytes,
+            fetcher = Fetcher(images, build_gate(settings, redis, images), tokens, settings.max_image_bytes,
                               body_budget=settings.body_budget_bytes, consent=response_consent(settings))
             task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
             scheduler = Scheduler(feed, redis, task.process, producer, tokens, view,
@@ -116,7 +111,6 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
         await halted_consumer.close(leave_group=settings.kafka_leave_group)
         await consumer.close(leave_group=settings.kafka_leave_group)
         await images.close()
-        await session.close()
         await redis.aclose()
         pool.close()
         if metrics_server is not None:

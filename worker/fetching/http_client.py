@@ -1,13 +1,14 @@
 """The HTTP/1.1 client that downloads images: bodies land in shared memory.
 
-Image GETs go through it (robots.txt uses aiohttp). It exists for one reason:
+Image GETs go through it. It exists for one reason:
 aiohttp's parser copies every body once more, and the body then had to be
 copied again into memory the pool processes can read. On 12 MP photos those
 two passes over a cache-cold 3.5 MB were about half of the worker's CPU per
 image. Here the socket is read (``asyncio.BufferedProtocol``) straight into a
 ``shared_memory.Segment``. The thumbnail store's PUTs go through it too, for less
 CPU than aiohttp's request machinery (docs/decisions.md, "Our own HTTP client into
-shared memory").
+shared memory"), and so do robots.txt and tdmrep.json, so that a site's rules and its first
+image share one connection (one TLS handshake a site, not two).
 
 The framing is judged by llhttp (``httptools``, Node.js's parser, with none of
 its leniencies on), not by hand-written rules: two parsers that disagree about
@@ -33,6 +34,7 @@ anyway, every gzip member of them and nothing after the compressed stream.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import socket
 import ssl
@@ -199,14 +201,14 @@ class _SegmentWriter:
 
     def write(self, data: bytes) -> None:
         end = self.size + len(data)
-        if end > self._max_bytes:
-            raise BodyTooLarge(end)
-        source = memoryview(data)
+        source = memoryview(data)[:self._max_bytes - self.size]  # filled to the cap, for read_prefix
         while source:
             window = self._segment.window(self.size)[:len(source)]
             window[:] = source[:len(window)]
             source = source[len(window):]
             self.size += len(window)
+        if end > self._max_bytes:
+            raise BodyTooLarge(end)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -468,7 +470,24 @@ class Response:
         size = await self._read_framed(memory, *framing, max_bytes)
         return bytes(memory.data[:size])
 
-    def _framing(self, max_bytes: int) -> tuple[int | None, bool] | None:
+    async def read_prefix(self, limit: int) -> bytes:
+        """The body's first ``limit`` bytes, undone of a gzip or deflate coding: a longer body
+        is cut there and its connection closed (a rules file, read as far as it is parsed)."""
+        framing = self._framing(math.inf)
+        if framing is None:
+            return b""
+        length, chunked = framing
+        memory = _Memory(limit + 1)
+        try:
+            if length is not None and length > limit:
+                size = await self._read_exactly(memory, limit)  # not to its end: not reused
+            else:
+                size = await self._read_framed(memory, length, chunked, limit)
+        except BodyTooLarge:
+            size = limit  # chunked or until the close: the room was filled to the cap first
+        return _prefix_decoded(bytes(memory.data[:size]), self.headers, limit)
+
+    def _framing(self, max_bytes: float) -> tuple[int | None, bool] | None:
         """The body's length (if it says one) and whether it is chunked; None if the head ended
         the response; BodyTooLarge if it says it is longer than ``max_bytes``."""
         if self.status in _NO_BODY_STATUSES or self._exchange.complete:
@@ -817,6 +836,20 @@ def _decoded(body: Body, headers: CIMultiDictProxy[str], max_bytes: int) -> Body
     if len(data) > max_bytes:
         raise BodyTooLarge(len(data))
     return Body.of(data)
+
+
+def _prefix_decoded(data: bytes, headers: CIMultiDictProxy[str], limit: int) -> bytes:
+    """At most ``limit`` bytes of ``data`` undone of a gzip or deflate coding, read as far as
+    they go (a body cut at the cap is a prefix of the stream); BadResponse if it is not one."""
+    wbits = _DECODERS.get(headers.get("Content-Encoding", "identity").lower())
+    if wbits is None:
+        return data
+    for bits in (wbits, -zlib.MAX_WBITS) if wbits != _GZIP else (wbits,):  # deflate: zlib's, or raw
+        try:
+            return zlib.decompressobj(bits).decompress(data, limit)
+        except zlib.error as exc:
+            error = exc
+    raise BadResponse(f"bad encoded body: {error}")
 
 
 def _decompress(data: bytes, wbits: int, limit: int) -> bytes:

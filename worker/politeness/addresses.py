@@ -4,9 +4,9 @@ admin consoles on 10.x, services on localhost).
 
 Two layers, because a hostname may resolve differently on each lookup (DNS
 rebinding): ``AddressGuard.check`` refuses a URL early, before a token is
-spent, and at connect time every address (IP literals too) is vetted again:
-``GuardedResolver`` for the image client, ``GuardedConnector`` for aiohttp
-(robots.txt), so the address connected to is always one that was checked.
+spent, and at connect time every address (IP literals too) is vetted again by
+``GuardedResolver``, the resolver of the client that fetches images and
+robots.txt, so the address connected to is always one that was checked.
 Both layers read the host through ``common.hosts.url_origin``, the reading
 the client connects to, so they cannot judge one host and connect to another.
 
@@ -142,23 +142,3 @@ class GuardedResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self._inner.close()
-
-
-class GuardedConnector(aiohttp.TCPConnector):
-    """aiohttp's connector with every address vetted where it is chosen.
-
-    ``TCPConnector._resolve_host`` (aiohttp 3.14) is where both resolved names and
-    IP literals, which skip the resolver, become the addresses connected to."""
-
-    async def _resolve_host(self, host: str, port: int, traces=None) -> list[ResolveResult]:
-        return allowed_results(host, await super()._resolve_host(host, port, traces=traces))
-
-
-def build_connector(settings, **kwargs) -> aiohttp.TCPConnector:
-    """The worker's connector: guarded unless private networks are allowed.
-
-    Call inside a running event loop; kwargs go to TCPConnector.
-    """
-    if settings.crawl_allow_private_networks:
-        return aiohttp.TCPConnector(**kwargs)
-    return GuardedConnector(**kwargs)

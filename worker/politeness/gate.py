@@ -12,6 +12,7 @@ from common.contracts import EVENT_RETRY_AFTER_RECEIVED
 from common.hosts import url_origin
 from common.jsonlog import log_event
 from common.protocols import AsyncRedis
+from worker.fetching.http_client import HttpClient
 from worker.politeness import RequestGate
 from worker.politeness.addresses import AddressGuard, Resolve, system_resolve
 from worker.politeness.crawl_delay import CrawlDelay
@@ -59,19 +60,19 @@ class PoliteGate:
                       pause_seconds=seconds, until=until)
 
 
-def build_gate(settings, redis, http_session, resolve: Resolve = system_resolve) -> RequestGate:
-    """The gate for a worker: ``redis`` is a redis.asyncio client, ``http_session``
-    the crawler's aiohttp session (its User-Agent is sent for robots.txt too);
+def build_gate(settings, redis, client: HttpClient, resolve: Resolve = system_resolve) -> RequestGate:
+    """The gate for a worker: ``redis`` is a redis.asyncio client, ``client`` the one that
+    fetches the images (robots.txt and tdmrep.json share its connections and User-Agent);
     ``resolve`` is for tests that need a hostname to look public."""
     guard = AddressGuard(enabled=not settings.crawl_allow_private_networks, resolve=resolve)
     token = product_token(settings.crawl_user_agent)
     categories = settings.content_usage_categories if settings.consent_content_usage else ()
-    robots = RobotsCache(redis, partial(fetch_robots, http_session, guard=guard), token,
+    robots = RobotsCache(redis, partial(fetch_robots, client, guard=guard), token,
                          memory_bytes=settings.robots_cache_bytes, extra_tokens=settings.robots_extra_tokens,
                          categories=categories)
     tdmrep = None
     if settings.consent_tdmrep:
-        tdmrep = TdmRepCache(redis, partial(fetch_tdmrep, http_session, guard=guard), token,
+        tdmrep = TdmRepCache(redis, partial(fetch_tdmrep, client, guard=guard), token,
                              memory_bytes=settings.robots_cache_bytes)
     return PoliteGate(redis, guard, robots, HostLimiter(settings.crawl_per_host_connections),
                       CrawlDelay(redis), tdmrep=tdmrep)

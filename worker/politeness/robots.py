@@ -17,6 +17,7 @@ wait (``worker.parking.wait_topics``), not an outcome. A 4xx means no rules (RFC
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -25,7 +26,6 @@ from dataclasses import asdict, dataclass, field, replace
 from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin
 
-import aiohttp
 from protego import Protego
 
 from common.contracts import (EVENT_ROBOTS_FETCHED, SIGNAL_ROBOTS, SIGNAL_ROBOTS_CONTENT_USAGE,
@@ -34,6 +34,7 @@ from common.hosts import url_origin
 from common.jsonlog import log_event
 from common.statuses import Status
 from common.protocols import AsyncRedis
+from worker.fetching.http_client import BadResponse, Disconnected, HttpClient, Response
 from worker.politeness import Refused
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.consent import Decision, usage_refusal
@@ -45,6 +46,8 @@ ROBOTS_TTL = 24 * 3600            # RFC 9309: cache no longer than 24 hours
 MAX_BYTES = 500 * 1024            # RFC 9309: parse at least 500 KiB; we read no more
 MAX_REDIRECTS = 5                 # RFC 9309: follow at least five
 FETCH_TIMEOUT = 20.0              # per hop
+DRAIN_BYTES = 64 * 1024           # a non-2xx answer's body read to keep its connection, at most
+DRAIN_SECONDS = 2.0               # and for at most this long
 # The whole fetch, every hop together, is cut off here; the lock outlives it (and the Redis
 # write after it), so a live holder never loses its lock to a second fetcher.
 FETCH_DEADLINE = (MAX_REDIRECTS + 1) * FETCH_TIMEOUT
@@ -208,54 +211,55 @@ class _NonEmpty(LongestMatch):
         return super().best(path) or None
 
 
-async def _read_capped(response: aiohttp.ClientResponse) -> str:
-    data = bytearray()
-    async for chunk in response.content.iter_chunked(64 * 1024):
-        data += chunk
-        if len(data) >= MAX_BYTES:
-            # Drop the cut-off last line: half a rule could mean something else.
-            data = data[:MAX_BYTES]
-            data = data[:data.rfind(b"\n") + 1]
-            break
+def _capped(data: bytes) -> str:
+    if len(data) >= MAX_BYTES:  # cut off: drop the last line, half a rule could mean something else
+        data = data[:data.rfind(b"\n") + 1]
     return data.decode("utf-8-sig", errors="replace")
 
 
-async def fetch_robots(session: aiohttp.ClientSession, origin: str,
-                       guard: AddressGuard) -> RobotsFile:
+async def fetch_robots(client: HttpClient, origin: str, guard: AddressGuard) -> RobotsFile:
     """Fetch origin's robots.txt, checking every redirect hop with the address guard."""
-    return await fetch_origin_file(session, f"{origin}/robots.txt", guard, _rules)
+    return await fetch_origin_file(client, f"{origin}/robots.txt", guard, MAX_BYTES, _rules)
 
 
-async def _rules(response: aiohttp.ClientResponse) -> RobotsFile:
-    return RobotsFile(RULES, await _read_capped(response), response.status)
+def _rules(data: bytes, status: int) -> RobotsFile:
+    return RobotsFile(RULES, _capped(data), status)
 
 
-async def fetch_origin_file(session: aiohttp.ClientSession, url: str, guard: AddressGuard,
-                            answer: Callable[[aiohttp.ClientResponse], Awaitable[RobotsFile]]) -> RobotsFile:
-    """GET a per-origin rules file (robots.txt, tdmrep.json), every redirect hop checked by the
-    address guard: a 2xx is ``answer``'s to read, a 429 or 5xx unavailable, any other status or
+async def fetch_origin_file(client: HttpClient, url: str, guard: AddressGuard, limit: int,
+                            answer: Callable[[bytes, int], RobotsFile]) -> RobotsFile:
+    """GET a per-origin rules file (robots.txt, tdmrep.json) on the image client, so the site's
+    first image reuses its connection; every redirect hop checked by the address guard: a 2xx's
+    first ``limit`` bytes are ``answer``'s to read, a 429 or 5xx unavailable, any other status or
     too many redirects no file (RFC 9309: "unavailable" as a 4xx)."""
-    timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
     try:
         for _ in range(MAX_REDIRECTS + 1):
             await guard.check(url)
-            async with session.get(url, allow_redirects=False, timeout=timeout) as response:
+            async with asyncio.timeout(FETCH_TIMEOUT), client.get(url) as response:
                 status = response.status
+                if 200 <= status < 300:
+                    return answer(await response.read_prefix(limit), status)
+                await _drain(response)  # a small 404 page: the connection stays fit for the images
                 if status in _REDIRECTS and "Location" in response.headers:
                     url = urljoin(url, response.headers["Location"])
                     continue
-                if 200 <= status < 300:
-                    return await answer(response)
                 if status == 429 or status >= 500:
                     return RobotsFile(UNAVAILABLE, status=status)
                 return RobotsFile(ALLOW_ALL, status=status)  # 4xx: no file, no rules for us
         return RobotsFile(ALLOW_ALL)  # too many redirects
-    except (Refused, aiohttp.InvalidURL):
-        return RobotsFile(DISALLOW_ALL)  # a hop we must not or cannot follow: no answer will come
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        return RobotsFile(UNAVAILABLE)  # unreachable: wait, and try again later
-    except ValueError:  # a redirect to a host that does not normalise
+    except Refused:
+        return RobotsFile(DISALLOW_ALL)  # a hop we must not reach: no answer will come
+    except (TimeoutError, OSError, BadResponse, Disconnected):
+        return RobotsFile(UNAVAILABLE)  # unreachable or garbled: wait, and try again later
+    except ValueError:  # a hop whose URL has no host that normalises, or cannot be sent
         return RobotsFile(DISALLOW_ALL)
+
+
+async def _drain(response: Response) -> None:
+    """A small body read to its end keeps the connection; a long or slow one closes it."""
+    with contextlib.suppress(BadResponse, Disconnected, OSError, TimeoutError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            await response.read_prefix(DRAIN_BYTES)
 
 
 # A file kept in Redis, or the lock to fetch it when there is none, in one round trip

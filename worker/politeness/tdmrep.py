@@ -24,10 +24,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import aiohttp
-
 from common.contracts import EVENT_TDMREP_FETCHED, SIGNAL_TDMREP_FILE, tdmrep_key, tdmrep_lock_key
 from common.statuses import Status
+from worker.fetching.http_client import HttpClient
 from worker.politeness.addresses import AddressGuard
 from worker.politeness.consent import Decision
 from worker.politeness.path_pattern import MAX_PATTERN_CHARS, FirstMatch, url_path
@@ -66,23 +65,10 @@ def condensed_rules(text: str) -> str | None:
     return None if len(kept.encode()) > MAX_RULES_BYTES else kept
 
 
-async def fetch_tdmrep(session: aiohttp.ClientSession, origin: str, guard: AddressGuard) -> RobotsFile:
+async def fetch_tdmrep(client: HttpClient, origin: str, guard: AddressGuard) -> RobotsFile:
     """Fetch origin's tdmrep.json, every redirect hop checked by the address guard; the body of a
     RULES answer is the condensed rules (``condensed_rules``)."""
-    return await fetch_origin_file(session, f"{origin}{TDMREP_PATH}", guard, _tdmrep_answer)
-
-
-async def _tdmrep_answer(response: aiohttp.ClientResponse) -> RobotsFile:
-    return _answer(await _read_up_to(response, MAX_FILE_BYTES + 1), response.status)
-
-
-async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    data = bytearray()
-    async for chunk in response.content.iter_chunked(64 * 1024):
-        data += chunk
-        if len(data) >= limit:
-            break
-    return bytes(data[:limit])
+    return await fetch_origin_file(client, f"{origin}{TDMREP_PATH}", guard, MAX_FILE_BYTES + 1, _answer)
 
 
 def _answer(data: bytes, status: int) -> RobotsFile:
