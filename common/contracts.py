@@ -450,6 +450,12 @@ def parse_crawl_request(raw: bytes | str | None) -> CrawlRequest:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InvalidMessage(f"not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
+    return crawl_request(data)
+
+
+def crawl_request(data: Any) -> CrawlRequest:
+    """Validate a crawl request whose JSON is already decoded (``parse_crawl_request`` without
+    the decoding): the same request, or the same InvalidMessage."""
     if not isinstance(data, dict):
         raise InvalidMessage(f"expected a JSON object, got {type(data).__name__}")
     url = validate_url(data.get("url"))

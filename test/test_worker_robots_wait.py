@@ -12,7 +12,7 @@ from test.test_worker_task import SETTINGS, SOURCE, RefusingProducer, Run
 from test.worker_fakes import FakeFeed, FakeProducer, FakeRedis
 from worker.intake.feed import Record
 from worker.fetching.fetch import FetchError
-from worker.parking.wait_topics import hand_back, wait_message, wait_times
+from worker.parking.wait_topics import decoded, hand_back, wait_message, wait_times
 from worker.parking.hand_back_when_due import WaitLine
 
 
@@ -55,7 +55,7 @@ def test_waits_take_the_longest_turn_they_cover():
                               (300, 1, 300), (3599, 1, 300),
                               (3600, 2, 3600), (86_400, 2, 3600)]:
         name, value = wait_message(request, now + wait, now)
-        assert (name, wait_times(value)) == (WAIT_TOPICS[topic], (now + turn, now + wait)), wait
+        assert (name, wait_times(decoded(value))) == (WAIT_TOPICS[topic], (now + turn, now + wait)), wait
 
 
 def record(topic: str, partition: int, offset: int, value: bytes) -> Record:
@@ -123,10 +123,10 @@ def test_a_parked_url_goes_back_to_the_partition_it_came_from() -> None:
     hostile or older message, or a topic that has fewer partitions) goes back by key."""
     request = CrawlRequest("http://h/x", "u", SOURCE)
     _, value = wait_message(request, 100.0, 10.0, partition=5)
-    assert hand_back(value, 8) == {"partition": 5}
-    assert hand_back(value, 4) == {}
+    assert hand_back(decoded(value), 8) == {"partition": 5}
+    assert hand_back(decoded(value), 4) == {}
     for hostile in (b'{"partition": -1}', b'{"partition": true}', b'{"partition": "3"}', b"[]", b"x", None):
-        assert hand_back(hostile, 8) == {}
+        assert hand_back(decoded(hostile), 8) == {}
     assert parse_crawl_request(value) == request  # the extra key is no part of the request
 
 

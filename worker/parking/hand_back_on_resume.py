@@ -31,7 +31,7 @@ from worker.intake.feed import TP, Feed, Record
 from worker.outcomes.task import deliver
 from worker.monitor_view import MonitorView
 from worker.parking.hand_over import hand_on, parse_or_reject
-from worker.parking.wait_topics import hand_back
+from worker.parking.wait_topics import decoded, hand_back
 
 
 class HaltedFeed(Feed, Protocol):
@@ -163,7 +163,8 @@ class HaltedLine:
             self._next_scan = min(self._next_scan, self._clock() + HALTED_RESUME_RESCAN_SECONDS)
 
     async def _place(self, record: Record, halted: frozenset[str]) -> None:
-        request = await parse_or_reject(self._producer, record)
+        message = decoded(record.value)
+        request = await parse_or_reject(self._producer, record, message)
         if request is None:
             return
         value, place = record.value or b"", {}
@@ -171,6 +172,6 @@ class HaltedLine:
             topic = HALTED_URLS_TOPIC
             self.parked_again += 1
         else:
-            topic, value, place = URLS_TOPIC, request.to_json(), hand_back(record.value, self._url_partitions)
+            topic, value, place = URLS_TOPIC, request.to_json(), hand_back(message, self._url_partitions)
             self._handed_in_scan += 1
         await hand_on(self._producer, request, topic, value, place.get("partition"))

@@ -16,6 +16,7 @@ import asyncio
 import heapq
 import time
 from collections.abc import Callable
+from typing import Any
 
 from common.contracts import URLS_TOPIC, WAIT_TOPICS
 from common.protocols import AsyncRedis, MessageProducer
@@ -24,7 +25,7 @@ from worker.intake.feed import TP, Feed, Record
 from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished
 from worker.parking.hand_over import hand_on, parse_or_reject
-from worker.parking.wait_topics import hand_back, wait_message, wait_times
+from worker.parking.wait_topics import decoded, hand_back, wait_message, wait_times
 
 
 class WaitLine:
@@ -36,7 +37,7 @@ class WaitLine:
         self._skips = Skips()
         self._url_partitions = url_partitions
         self._clock = clock
-        self._held: dict[TP, list[tuple[float, int, Record]]] = {}  # heaps by (due, offset)
+        self._held: dict[TP, list[tuple[float, int, Record, Any]]] = {}  # heaps by (due, offset), with the JSON
         self._offsets: dict[TP, PartitionOffsets] = {}
         self._paused: set[TP] = set()
         self._stopping = asyncio.Event()
@@ -59,19 +60,20 @@ class WaitLine:
             self._skips.add(await self._finished.load(batch.assigned))
             for record in batch.records:
                 if take_new(record, self._offsets, self._skips):  # else held already, or handed over before
-                    due = wait_times(record.value)[0]
+                    message = decoded(record.value)  # once: the wait, the request and its place read it
                     heapq.heappush(self._held.setdefault((record.topic, record.partition), []),
-                                   (due, record.offset, record))
+                                   (wait_times(message)[0], record.offset, record, message))
             await self._hand_over_due()
 
     async def _hand_over_due(self) -> None:
         now = self._clock()
-        due: list[Record] = []
+        due: list[tuple[Record, Any]] = []
         for heap in self._held.values():
             while heap and heap[0][0] <= now:
-                due.append(heapq.heappop(heap)[2])
-        await asyncio.gather(*(self._hand_over(record, now) for record in due))
-        for record in due:
+                _, _, record, message = heapq.heappop(heap)
+                due.append((record, message))
+        await asyncio.gather(*(self._hand_over(record, message, now) for record, message in due))
+        for record, _ in due:
             tp = (record.topic, record.partition)
             self._offsets[tp].finish(record.offset)
             self._finished.finished(tp, record.offset)
@@ -84,12 +86,12 @@ class WaitLine:
         self._finished.committed(await commit_finished(self._feed.commit, self._offsets))
         await self._finished.flush()
 
-    async def _hand_over(self, record: Record, now: float) -> None:
-        request = await parse_or_reject(self._producer, record)
+    async def _hand_over(self, record: Record, message: Any, now: float) -> None:
+        request = await parse_or_reject(self._producer, record, message)
         if request is None:
             return
-        not_before = wait_times(record.value)[1]
-        place = hand_back(record.value, self._url_partitions)
+        not_before = wait_times(message)[1]
+        place = hand_back(message, self._url_partitions)
         if not_before > now:  # another turn
             topic, value = wait_message(request, not_before, now, place.get("partition"))
             place = {}

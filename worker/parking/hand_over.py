@@ -6,8 +6,10 @@ message Kafka refuses (too large once its wait fields are added) ends as ``Messa
 """
 from __future__ import annotations
 
+from typing import Any
+
 from common.contracts import (CRAWL_ERRORS_TOPIC, REJECTED_TOPIC, CrawlRequest, InvalidMessage,
-                              crawl_error_message, parse_crawl_request, rejected_message)
+                              crawl_error_message, crawl_request, parse_crawl_request, rejected_message)
 from common.protocols import MessageProducer
 from common.statuses import Status
 from worker import metrics
@@ -22,10 +24,11 @@ async def reject(producer: MessageProducer, record: Record, error: str) -> None:
     metrics.outcome(metrics.REJECTED)
 
 
-async def parse_or_reject(producer: MessageProducer, record: Record) -> CrawlRequest | None:
-    """The request ``record`` holds, or None once it is rejected."""
+async def parse_or_reject(producer: MessageProducer, record: Record, message: Any = None) -> CrawlRequest | None:
+    """The request ``record`` holds, or None once it is rejected. ``message``: its value's JSON if
+    the caller decoded it already (``wait_topics.decoded``); None: decoded here."""
     try:
-        return parse_crawl_request(record.value)
+        return parse_crawl_request(record.value) if message is None else crawl_request(message)
     except InvalidMessage as exc:
         await reject(producer, record, str(exc))
         return None

@@ -85,23 +85,30 @@ def parked_message(request: CrawlRequest, partition: int | None) -> bytes:
     return request.to_json(**_place(partition))
 
 
-def hand_back(value: bytes | None, url_partitions: int) -> dict[str, Any]:
-    """Where a waiting URL goes back to in ``urls``: the partition it was parked from, so a
-    source's URLs stay spread as the splitter spread them (a fast source over several workers);
-    else (a robots.txt wait, an older message, a value out of range) by its source's key."""
+def decoded(value: bytes | None) -> Any:
+    """A waiting message's JSON, decoded once for the readers below (and ``hand_over.parse_or_reject``);
+    None if it is none."""
     try:
-        partition = json.loads(value or b"").get("partition")
-    except (ValueError, AttributeError):
-        partition = None
+        return json.loads(value or b"")
+    except ValueError:
+        return None
+
+
+def hand_back(message: Any, url_partitions: int) -> dict[str, Any]:
+    """Where a waiting URL goes back to in ``urls`` (``message``: its JSON, ``decoded``): the
+    partition it was parked from, so a source's URLs stay spread as the splitter spread them (a
+    fast source over several workers); else (a robots.txt wait, an older message, a value out of
+    range) by its source's key."""
+    partition = message.get("partition") if isinstance(message, dict) else None
     if isinstance(partition, int) and not isinstance(partition, bool) and 0 <= partition < url_partitions:
         return {"partition": partition}
     return {}
 
 
-def wait_times(value: bytes | None) -> tuple[float, float]:
-    """(due, not_before) of a wait message; a damaged one is due now (and rejected on hand-over)."""
+def wait_times(message: Any) -> tuple[float, float]:
+    """(due, not_before) of a wait message (its JSON, ``decoded``); a damaged one is due now (and
+    rejected on hand-over)."""
     try:
-        data = json.loads(value or b"")
-        return float(data["due"]), float(data["not_before"])
+        return float(message["due"]), float(message["not_before"])
     except (ValueError, TypeError, KeyError):
         return 0.0, 0.0
