@@ -116,14 +116,21 @@ class TreeSampler:
             return {name: seconds - self._cpu_from.get(name, 0.0) for name, seconds in self._cpu.items()}
 
 
+EXEC_GRACE_SECONDS = 1.0  # a child younger than this with its parent's command line may not have exec'd yet
+
+
 def process_kind(pid: int) -> str:
     """What a process of a command is, from its command line (the list reader's forkserver
-    and its children are the command's; other spawned processes are a worker's image pool)."""
+    and its children are the command's; other spawned processes are a worker's image pool).
+    A child caught between its fork and its exec still shows its parent's command line (an
+    image process read as a worker): while young, it is "other", which KindSampler reads again."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        line = _command_line(pid)
+        parent, started = _parent_and_start(pid)
+        if time.clock_gettime(time.CLOCK_BOOTTIME) - started < EXEC_GRACE_SECONDS and line == _command_line(parent):
+            return "other"
     except OSError:
         return "gone"
-    line = b" ".join(argv)
     for marker, kind in ((b"forkserver", "command"), (b"multiprocessing", "image pool"), (b"-m worker", "workers"),
                          (b"resolving_worker", "workers"),
                          (b"tansu", "tansu"), (b"valkey", "valkey"), (b"redis", "valkey"),
@@ -132,6 +139,16 @@ def process_kind(pid: int) -> str:
         if marker in line:
             return kind
     return "other"
+
+
+def _command_line(pid: int) -> bytes:
+    return b" ".join(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+
+
+def _parent_and_start(pid: int) -> tuple[int, float]:
+    """The parent's pid and when the process started (seconds since boot), from its ``stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 class KindSampler:
