@@ -31,6 +31,7 @@ import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser  # the error-reply -> exception mapping redis-py uses
 from redis._parsers.encoders import Encoder
+from redis.commands.helpers import list_or_args
 from redis.commands.core import AsyncScript
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -91,14 +92,23 @@ class PipelinedScript:
 
 
 class PipelinedScriptsRedis(aioredis.Redis):
-    """redis-py's client, but its registered scripts run over one pipelined connection."""
+    """redis-py's client, but its registered scripts, and MGET, run over one pipelined connection."""
 
     _script_pipe: ScriptPipe | None = None
 
     def register_script(self, script: str) -> PipelinedScript:  # type: ignore[override]
+        return PipelinedScript(self, self._pipe(), script)
+
+    async def mget(self, keys: Any, *args: Any) -> list[Any]:
+        """redis-py's ``mget``, on the pipelined connection: a worker's token peeks read this way up
+        to 100 times a second, and redis-py's own call cost several times the CPU."""
+        names = list_or_args(keys, args)
+        return await self._pipe().call("MGET", *names) if names else []  # redis-py's answer to no keys
+
+    def _pipe(self) -> ScriptPipe:
         if self._script_pipe is None:
             self._script_pipe = ScriptPipe(self.connection_pool)
-        return PipelinedScript(self, self._script_pipe, script)
+        return self._script_pipe
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         if self._script_pipe is not None:

@@ -65,6 +65,25 @@ async def test_replies_and_errors_are_redis_pys(redis_url: str, unique: str) -> 
         await theirs.aclose()
 
 
+async def test_mget_answers_as_redis_pys_over_the_scripts_connection(redis_url: str, unique: str) -> None:
+    """The token peeks' MGET goes over the pipelined connection: the same values (missing keys
+    None, text decoded), the same answer to no keys, and no connection of the pool taken."""
+    ours = bounded_redis(redis_url, 4)
+    theirs = aioredis.from_url(redis_url, decode_responses=True)
+    await theirs.set(f"{unique}:a", "1")
+    await theirs.set(f"{unique}:b", "é")
+    keys = [f"{unique}:a", f"{unique}:missing", f"{unique}:b"]
+    try:
+        before = len(await theirs.client_list())
+        assert await ours.mget(keys) == await theirs.mget(keys) == ["1", None, "é"]
+        assert await ours.mget(keys[0], keys[2]) == await theirs.mget(keys[0], keys[2]) == ["1", "é"]
+        assert await ours.mget([]) == await theirs.mget([]) == []
+        assert len(await theirs.client_list()) - before == 1  # the scripts' connection only
+    finally:
+        await ours.aclose()
+        await theirs.aclose()
+
+
 async def test_a_flushed_script_cache_is_filled_again(redis_url: str, unique: str) -> None:
     client = bounded_redis(redis_url, 4)
     try:
