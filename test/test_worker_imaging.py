@@ -78,7 +78,7 @@ def test_a_wide_jpeg_is_decoded_at_the_dct_scale_its_thumbnail_allows(monkeypatc
     thumbnail = thumb(result.thumbnail)
     assert thumbnail.size == (640, 360)
     reference = gradient.resize((640, 360), Image.Resampling.LANCZOS)
-    pairs = zip(thumbnail.convert("L").getdata(), reference.convert("L").getdata(), strict=True)
+    pairs = zip(thumbnail.convert("L").get_flattened_data(), reference.convert("L").get_flattened_data(), strict=True)
     assert max(abs(a - b) for a, b in pairs) <= 8
 
 
