@@ -89,6 +89,22 @@ async def test_the_line_hands_back_what_is_due_and_holds_the_rest_uncommitted():
     assert producer.on("rejected_messages")[0]["raw"] == "not json"
 
 
+async def test_a_value_nested_past_the_parser_is_rejected_and_the_line_goes_on():
+    now = time.time()
+    request = CrawlRequest("http://h/x", "due", SOURCE, robots_wait_since=now - 60)
+    first = WAIT_TOPICS[0]
+    records = [record(first, 0, 0, b"[" * 100_000), record(first, 0, 1, request.to_json(not_before=now, due=now))]
+    feed, producer = FakeFeed(records), FakeProducer()
+    line = WaitLine(feed, producer, FakeRedis())
+    running = asyncio.create_task(line.run())
+    await asyncio.sleep(0.2)
+    line.stop()
+    await asyncio.wait_for(running, 5)
+    assert [m["uuid"] for m in producer.on(URLS_TOPIC)] == ["due"]
+    assert producer.on("rejected_messages")[0]["error"].startswith("not JSON: RecursionError")
+    assert feed.committed() == {(first, 0): 2}
+
+
 async def test_a_url_due_later_holds_back_no_url_due_sooner_behind_it(monkeypatch):
     """Issue 26: a 30 s turn ends early at its URL's time, so a partition mixes due times. Each
     is handed over when due; the commit stays below the first one still held; a partition

@@ -90,7 +90,7 @@ def decoded(value: bytes | None) -> Any:
     None if it is none."""
     try:
         return json.loads(value or b"")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser: rejected on hand-over, as any non-JSON
         return None
 
 
