@@ -668,7 +668,7 @@ class HttpClient:
         while idle and found is None:
             connection = idle.pop()
             del self._idle_order[connection]
-            if connection.reusable and time.monotonic() - connection.idle_since < HTTP_IDLE_SECONDS:
+            if _fit(connection, time.monotonic()):
                 found = connection
             else:
                 connection.close()
@@ -685,11 +685,7 @@ class HttpClient:
         # Full: the connection idle longest makes room (a site of one URL does not keep its
         # connection from a site whose next request comes within the second).
         while len(self._idle_order) >= HTTP_MAX_IDLE_CONNECTIONS:
-            oldest, its_origin = self._idle_order.popitem(last=False)
-            self._idle[its_origin].remove(oldest)
-            if not self._idle[its_origin]:
-                del self._idle[its_origin]
-            oldest.close()
+            self._drop(*next(iter(self._idle_order.items())))
         connection.idle_since = time.monotonic()
         self._idle[origin].append(connection)
         self._idle_order[connection] = origin
@@ -706,16 +702,18 @@ class HttpClient:
         """Drops idle connections that expired or that their servers closed."""
         now = time.monotonic()
         self._next_sweep = now + HTTP_IDLE_SECONDS
-        for origin in list(self._idle):
-            idle = self._idle[origin]
-            kept = deque(c for c in idle if c.reusable and now - c.idle_since < HTTP_IDLE_SECONDS)
-            for connection in set(idle) - set(kept):
-                del self._idle_order[connection]
-                connection.close()
-            if kept:
-                self._idle[origin] = kept
-            else:
-                del self._idle[origin]
+        for connection, origin in list(self._idle_order.items()):
+            if not _fit(connection, now):
+                self._drop(connection, origin)
+
+    def _drop(self, connection: _Connection, origin: Origin) -> None:
+        """An idle connection out of the pool, and closed."""
+        del self._idle_order[connection]
+        idle = self._idle[origin]
+        idle.remove(connection)
+        if not idle:
+            del self._idle[origin]
+        connection.close()
 
     async def _connect(self, scheme: str, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -836,6 +834,11 @@ def _decoded(body: Body, headers: CIMultiDictProxy[str], max_bytes: int) -> Body
     if len(data) > max_bytes:
         raise BodyTooLarge(len(data))
     return Body.of(data)
+
+
+def _fit(connection: _Connection, now: float) -> bool:
+    """Whether an idle connection may carry another request: open, and not idle too long."""
+    return connection.reusable and now - connection.idle_since < HTTP_IDLE_SECONDS
 
 
 def _prefix_decoded(data: bytes, headers: CIMultiDictProxy[str], limit: int) -> bytes:
