@@ -78,7 +78,7 @@ def is_forbidden(address: str | IPAddress) -> bool:
 def allowed_results(host: str, results: Sequence[ResolveResult]) -> list[ResolveResult]:
     """The results whose address may be connected to; Refused if none may.
 
-    Refused rather than an OSError, which aiohttp passes through unwrapped, so the
+    Refused rather than an OSError, which the image client reports as ConnectFailed, so the
     fetcher reports a rebinding host as ForbiddenAddress, not a network error."""
     allowed = [r for r in results if not is_forbidden(r["host"])]
     if not allowed:
