@@ -9,7 +9,7 @@ its windows only age, and its response buckets stay empty.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable
 
 from common.contracts import ACTIVE_SOURCES, WAITING_SOURCES
 from common.protocols import AsyncRedis
@@ -62,21 +62,20 @@ async def forget_quiet(redis: AsyncRedis, now: float) -> None:
 
 class Rereads:
     """Which sources a periodic reader reads again: those with an outcome, a split or a task
-    waiting for tokens since its last read,
-    those it has not read yet, and every source each ``ACTIVE_SOURCES_FULL_READ_SECONDS``, so
-    what changes without an outcome (an operator's override, a saved adaptive state) shows
-    within that time."""
+    waiting for tokens since its last read, or every one it shows each
+    ``ACTIVE_SOURCES_FULL_READ_SECONDS``, so what changes without an outcome (an operator's
+    override, a saved adaptive state) shows within that time."""
 
     def __init__(self, clock: Callable[[], float] = time.time):
         self._clock = clock
         self._last_read = float("-inf")
         self._next_full_read = float("-inf")
 
-    async def due(self, redis: AsyncRedis, sources: Iterable[str], read_before: Container[str]) -> set[str]:
+    async def due(self, redis: AsyncRedis) -> set[str] | None:
+        """The sources with news since the last call, or None when every source is due (a full read)."""
         now = self._clock()
         since, self._last_read = self._last_read - ACTIVE_SOURCES_SLACK_SECONDS, now
         if now >= self._next_full_read:
             self._next_full_read = now + ACTIVE_SOURCES_FULL_READ_SECONDS
-            return set(sources)
-        active = await wanting_since(redis, since)
-        return {source for source in sources if source in active or source not in read_before}
+            return None
+        return await wanting_since(redis, since)

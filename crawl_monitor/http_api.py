@@ -49,6 +49,7 @@ Endpoints:
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import time
 from collections import deque
@@ -68,8 +69,7 @@ from common.contracts import EVENT_HTTP_API_ERROR, EVENT_HTTP_API_STARTED, INBOU
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.settings import Settings
-from crawl_monitor.active_sources import Rereads
-from crawl_monitor.source_state import SourceState, read_charted, read_sources, shown_sources
+from crawl_monitor.source_state import ChartReads, SourceState, read_sources, shown_sources
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 SAMPLE_SECONDS = 5.0  # the monitor logs an update every 5 s; sampling faster adds nothing
@@ -181,8 +181,10 @@ class History:
         self._achieved: dict[str, float] = {}
 
     def add(self, now: float, update: dict[str, Any] | None,
-            sources: dict[str, SourceState] | None) -> dict[str, Any]:
-        """Record one sample; the achieved rate is requests since the last one."""
+            sources: dict[str, SourceState] | None, read: Iterable[str] | None = None) -> dict[str, Any]:
+        """Record one sample; the achieved rate is requests since the last one. ``read``: the sources
+        whose state was read now (None: all); any other's count has not moved, so its rate is 0
+        and the work follows the sources read, not those shown."""
         general = (update or {}).get("general") or {}
         sample: dict[str, Any] = {
             "time": now,
@@ -190,22 +192,31 @@ class History:
             "sources": {},
         }
         elapsed = now - self._last_time if self._last_time is not None else 0.0
-        series: dict[str, dict[str, Any]] = {}
-        for source, state in (sources or {}).items():
-            before = self._last_requests.get(source)
-            rps = (max(state.requests - before, 0) / elapsed
-                   if before is not None and elapsed > 0 else None)
-            if rps is not None:
-                self._achieved[source] = rps
-            series[source] = {"rps": rps, "rate_limit": state.rate_limit}
+        rates: dict[str, float | None] = {}
         if sources is not None:
-            self._last_requests = {s: st.requests for s, st in sources.items()}
+            full = read is None
+            for source in sources if read is None else read:
+                requests = sources[source].requests
+                before = self._last_requests.get(source)
+                rates[source] = (max(requests - before, 0) / elapsed
+                                 if before is not None and elapsed > 0 else None)
+                self._last_requests[source] = requests
+            if full:  # only the sources shown are remembered
+                self._last_requests = {s: n for s, n in self._last_requests.items() if s in sources}
+            self._achieved = {s: rps for s, rps in rates.items() if rps is not None}
             self._last_time = now
-            self._achieved = {s: r for s, r in self._achieved.items() if s in sources}
-        rates = [entry["rps"] for entry in series.values() if entry["rps"] is not None]
-        sample["requests_rps"] = sum(rates) if rates else None
-        busiest = sorted(series, key=lambda s: (-(series[s]["rps"] or 0.0), s))[:HISTORY_SOURCES]
-        sample["sources"] = {source: series[source] for source in sorted(busiest)}
+        unread = 0.0 if elapsed > 0 else None  # a source not read has not moved
+        known = [rps for rps in rates.values() if rps is not None]
+        if unread is not None and sources is not None and len(rates) < len(sources):
+            known.append(unread)
+        sample["requests_rps"] = sum(known) if known else None
+        moving = sorted((s for s, rps in rates.items() if rps), key=lambda s: (-(rates[s] or 0.0), s))
+        busiest = moving[:HISTORY_SOURCES]
+        if sources is not None and len(busiest) < HISTORY_SOURCES:  # the rest by name, as ties at 0
+            taken = set(busiest)
+            busiest += heapq.nsmallest(HISTORY_SOURCES - len(busiest), (s for s in sources if s not in taken))
+        sample["sources"] = {s: {"rps": rates.get(s, unread), "rate_limit": (sources or {})[s].rate_limit}
+                             for s in sorted(busiest)}
         self.samples.append(sample)
         self._thin(now)
         return sample
@@ -226,7 +237,9 @@ class History:
         return [s for s in self.samples if s["time"] > after]
 
     def achieved_rps(self, source: str) -> float | None:
-        return self._achieved.get(source)
+        """Its rate over the last sample: 0 for a source known and not read then (its count had not moved)."""
+        rate = self._achieved.get(source)
+        return rate if rate is not None or source not in self._last_requests else 0.0
 
 
 # --- The server --------------------------------------------------------------
@@ -277,15 +290,14 @@ class _Api:
         return web.FileResponse(STATIC_DIR / "index.html")
 
     async def sample_forever(self, every: float) -> None:
-        rereads, sources = Rereads(), None
+        chart = ChartReads(self.redis)
         while True:
             try:
-                shown = await shown_sources(self.redis, time.time())
-                sources = await read_charted(self.redis, shown, sources or {}, rereads)
+                read = await chart.sample()
+                self.history.add(time.time(), self._update(), chart.states, read)
             except RedisError as exc:
                 log_event(EVENT_HTTP_API_ERROR, where="sampler", error=repr(exc))
-                sources = None
-            self.history.add(time.time(), self._update(), sources)
+                self.history.add(time.time(), self._update(), None)
             await asyncio.sleep(every)
 
 

@@ -5,6 +5,8 @@ so the operator's CLI does not import the web server to read it.
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -132,23 +134,38 @@ async def read_sources(redis: Redis, among: list[str] | None = None) -> dict[str
     return states  # in name order
 
 
-async def read_charted(redis: Redis, sources: list[str], previous: dict[str, SourceState],
-                       rereads: Rereads) -> dict[str, SourceState]:
-    """What the dashboard's chart samples of ``sources`` every 5 s (``http_api.History``): each one's
-    requests and granted rate, the other fields left at their defaults. Only the sources ``rereads``
-    names are read (two MGETs); the others keep what ``previous`` holds, so a quiet source's expiring
-    rate shows until the next full read (docs/decisions.md). The rest of a state is read when
-    ``/status`` or ``/metrics`` asks (``read_sources``), not each sample."""
-    sources = sorted(sources)
-    if not sources:
-        return {}
-    due = sorted(await rereads.due(redis, sources, previous))
-    states = {source: previous[source] for source in sources if source in previous}
-    if due:
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.mget([source_requests_key(source) for source in due])
-            pipe.mget([rate_limit_key(source) for source in due])
-            requests, rates = await pipe.execute()
-        for source, sent, rate in zip(due, requests, rates, strict=True):
-            states[source] = SourceState(requests=count(sent), rate_limit=finite_number(rate))
-    return {source: states[source] for source in sources}  # in name order, read or kept
+class ChartReads:
+    """What the dashboard's chart samples every 5 s (``http_api.History``): each shown source's
+    requests and granted rate, the other fields left at their defaults (the rest of a state is read
+    when ``/status`` or ``/metrics`` asks: ``read_sources``).
+
+    The work follows the sources with news, not those shown (100,000 in a crawl of one-URL sites,
+    docs/decisions.md "Fleet scale"): every shown source is read each
+    ACTIVE_SOURCES_FULL_READ_SECONDS, and between, only those ``Rereads`` names (two MGETs), a new
+    one added. A quiet source keeps its last state until the next full read, so its expiring rate
+    shows up to a minute late."""
+
+    def __init__(self, redis: Redis, clock: Callable[[], float] = time.time):
+        self._redis = redis
+        self._clock = clock
+        self._rereads = Rereads(clock)
+        self.states: dict[str, SourceState] = {}  # every shown source's latest read
+
+    async def sample(self) -> set[str] | None:
+        """Read what is due into ``states``; return the sources read, or None for a full read (every
+        shown source read, those no longer shown dropped)."""
+        due = await self._rereads.due(self._redis)
+        names = await shown_sources(self._redis, self._clock()) if due is None else sorted(due)
+        read: dict[str, SourceState] = {}
+        if names:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.mget([source_requests_key(source) for source in names])
+                pipe.mget([rate_limit_key(source) for source in names])
+                requests, rates = await pipe.execute()
+            read = {source: SourceState(requests=count(sent), rate_limit=finite_number(rate))
+                    for source, sent, rate in zip(names, requests, rates, strict=True)}
+        if due is None:
+            self.states = read
+            return None
+        self.states.update(read)
+        return set(read)

@@ -267,25 +267,48 @@ def test_history_is_bounded_in_bytes_whatever_the_number_of_sources() -> None:
 
 async def test_the_chart_rereads_the_active_sources_each_sample_and_the_quiet_ones_each_minute(redis_client) -> None:
     """The sampler reads only what the chart shows (requests, the granted rate) and, between two full
-    reads, only of the sources active since its last read: a quiet one keeps its last value."""
-    from crawl_monitor.active_sources import Rereads
+    reads, only of the sources active since its last read: a quiet one keeps its last value, and a
+    source that starts between them is added."""
     from crawl_monitor.constants import ACTIVE_SOURCES_FULL_READ_SECONDS
-    from crawl_monitor.source_state import read_charted
+    from crawl_monitor.source_state import ChartReads
     await seed(redis_client)
     now = [time.time()]
-    await redis_client.zadd(c.ACTIVE_SOURCES, {"animaldiversity": now[0] - 3600})  # quiet for an hour
-    rereads, shown = Rereads(clock=lambda: now[0]), ["flickr", "animaldiversity", "phylopic"]
-    first = await read_charted(redis_client, shown, {}, rereads)
-    assert list(first) == sorted(shown)
-    assert first["flickr"] == SourceState(requests=13250, rate_limit=178.375)
-    assert first["animaldiversity"] == SourceState(requests=40, rate_limit=0.5)
-    for source in ("flickr", "animaldiversity"):
+    await redis_client.zadd(c.ACTIVE_SOURCES, {"animaldiversity": now[0] - 300})  # quiet for 5 minutes
+    chart = ChartReads(redis_client, clock=lambda: now[0])
+    assert await chart.sample() is None  # the first read is a full one
+    shown = sorted(chart.states)
+    assert {"flickr", "animaldiversity", "phylopic"} <= set(shown)
+    assert chart.states["flickr"] == SourceState(requests=13250, rate_limit=178.375)
+    assert chart.states["animaldiversity"] == SourceState(requests=40, rate_limit=0.5)
+    for source in ("flickr", "animaldiversity", "newcomer"):
         await redis_client.incrby(c.source_requests_key(source), 10)
     now[0] += 5
-    await redis_client.zadd(c.ACTIVE_SOURCES, {"flickr": now[0]})
-    second = await read_charted(redis_client, shown, first, rereads)
-    assert (second["flickr"].requests, second["animaldiversity"].requests) == (13260, 40)
+    await redis_client.zadd(c.ACTIVE_SOURCES, {"flickr": now[0], "newcomer": now[0]})
+    read = await chart.sample()
+    assert read is not None and {"flickr", "newcomer"} <= read and "animaldiversity" not in read
+    assert (chart.states["flickr"].requests, chart.states["animaldiversity"].requests) == (13260, 40)
+    assert chart.states["newcomer"].requests == 10
     now[0] += ACTIVE_SOURCES_FULL_READ_SECONDS
-    third = await read_charted(redis_client, shown, second, rereads)
-    assert (third["flickr"].requests, third["animaldiversity"].requests) == (13260, 50)
-    assert await read_charted(redis_client, [], third, rereads) == {}
+    assert await chart.sample() is None
+    assert (chart.states["flickr"].requests, chart.states["animaldiversity"].requests) == (13260, 50)
+    await redis_client.delete(c.ACTIVE_SOURCES, c.WAITING_SOURCES, c.HALTED, c.TEMP_HALTED)
+    now[0] += ACTIVE_SOURCES_FULL_READ_SECONDS
+    assert await chart.sample() is None and chart.states == {}  # nothing shown any more: nothing kept
+
+
+def test_history_of_the_sources_read_counts_the_others_as_unmoved() -> None:
+    """Given the sources read this sample, every other shown source's rate is 0 (its count has not
+    moved), in the sum, the series and its achieved rate, as if it had been read."""
+    history = History(span=3600)
+    t0 = time.time()
+    states = {f"s{n}": SourceState(requests=100, rate_limit=1.0) for n in range(3)}
+    history.add(t0, None, states)
+    states["s1"] = SourceState(requests=150, rate_limit=1.0)
+    sample = history.add(t0 + 5, None, states, read={"s1"})
+    assert sample["requests_rps"] == 10.0
+    assert sample["sources"] == {"s0": {"rps": 0.0, "rate_limit": 1.0}, "s1": {"rps": 10.0, "rate_limit": 1.0},
+                                 "s2": {"rps": 0.0, "rate_limit": 1.0}}
+    assert (history.achieved_rps("s0"), history.achieved_rps("s1"), history.achieved_rps("unknown")) == (0.0, 10.0,
+                                                                                                          None)
+    states["s3"] = SourceState(requests=7)  # new: read, no rate yet
+    assert history.add(t0 + 10, None, states, read={"s3"})["sources"]["s3"] == {"rps": None, "rate_limit": None}
