@@ -25,7 +25,7 @@ Endpoints:
 
 - ``/metrics``: Prometheus text format (SPEC.md §6), per source active in the last
   10 minutes (``active_sources``, ``waiting_sources``) or halted or paused (label ``source``), not
-  every source ever seen:
+  every source ever seen, and at most ``SHOWN_SOURCES``: the stopped first, then the latest active:
   ``crawler_source_requests_total``, ``crawler_source_successes_total``,
   ``crawler_source_errors_total`` (label ``status``),
   ``crawler_source_limit_requests_per_second`` (the computed or overridden rate),
@@ -77,7 +77,7 @@ HISTORY_SECONDS = 3600.0
 HISTORY_FULL_SECONDS = 600.0  # samples newer than this are all kept; older ones thinned
 HISTORY_THIN_SECONDS = 30.0
 HISTORY_SOURCES = 50          # per-source series kept in each sample: the busiest
-STATUS_SOURCES = 1000         # /status lists at most this many sources: stopped first, then the busiest
+SHOWN_SOURCES = 1000          # /status and /metrics serve at most this many: stopped first, then the latest active
 GENERAL_CHART_KEYS = ("success_rps", "error_rps", "processing_rate", "global_max_rps")
 
 UpdateGetter = Callable[[], "dict[str, Any] | None"]
@@ -259,7 +259,7 @@ class _Api:
 
     async def metrics(self, request: web.Request) -> web.Response:
         try:
-            sources = await read_sources(self.redis, among=await shown_sources(self.redis, time.time()))
+            sources = await read_sources(self.redis, among=await shown_sources(self.redis, time.time(), SHOWN_SOURCES))
         except RedisError as exc:
             log_event(EVENT_HTTP_API_ERROR, where="metrics", error=repr(exc))
             return web.Response(status=503, text=f"cannot read Redis: {exc}\n")
@@ -273,9 +273,8 @@ class _Api:
             raise web.HTTPBadRequest(text="since must be a Unix time in seconds\n") from None
         body: dict[str, Any] = dict(self._update() or {"event": None})
         try:
-            sources = await read_sources(self.redis, among=await shown_sources(self.redis, time.time()))
-            shown = sorted(sources, key=lambda s: (not (sources[s].halted or sources[s].temp_halted),
-                                                   -sources[s].requests, s))[:STATUS_SOURCES]
+            sources = await read_sources(self.redis, among=await shown_sources(self.redis, time.time(), SHOWN_SOURCES))
+            shown = list(sources)
             body["sources"] = {s: {**asdict(sources[s]), "error_total": sources[s].error_total,
                                    "achieved_rps": self.history.achieved_rps(s)}
                                for s in sorted(shown)}

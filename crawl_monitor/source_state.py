@@ -5,13 +5,14 @@ so the operator's CLI does not import the web server to read it.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adaptive_key, adaptive_off_key,
+from common.contracts import (ACTIVE_SOURCES, WAITING_SOURCES, ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adaptive_key, adaptive_off_key,
                               error_statuses_key, errors_key,
                               override_rate_key, rate_limit_key, resized_key, source_requests_key, tokens_key,
                               opted_out_key, urls_ended_key, urls_split_key)
@@ -87,11 +88,26 @@ def _whole(number: float | None) -> int | None:
     return None if number is None else int(number)
 
 
-async def shown_sources(redis: Redis, now: float) -> list[str]:
+async def shown_sources(redis: Redis, now: float, most: int | None = None) -> list[str]:
     """The sources the dashboard and ``/metrics`` show: those active in the last
-    SHOWN_RECENT_SECONDS and every halted or paused one, not every source ever seen."""
+    SHOWN_RECENT_SECONDS and every halted or paused one, not every source ever seen; with ``most``,
+    at most that many: the stopped first, then the most recently active (a crawl of one-URL sites
+    has ~100,000 in 10 minutes, and reading and serving every one blocked the monitor's loop)."""
     sets = await read_source_sets(redis, inbound=False)
-    return sorted(await wanting_since(redis, now - SHOWN_RECENT_SECONDS) | sets.stopped)
+    since = now - SHOWN_RECENT_SECONDS
+    if most is None:
+        return sorted(await wanting_since(redis, since) | sets.stopped)
+    stopped = sorted(sets.stopped)[:most]
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in (ACTIVE_SOURCES, WAITING_SOURCES):
+            pipe.zrevrangebyscore(key, "+inf", since, start=0, num=most, withscores=True)
+        active, waiting = await pipe.execute()
+    latest: dict[str, float] = {}
+    for member, score in (*active, *waiting):
+        source = as_text(member)
+        latest[source] = max(float(score), latest.get(source, float(score)))
+    recent = heapq.nsmallest(most, (s for s in latest if s not in sets.stopped), key=lambda s: (-latest[s], s))
+    return sorted(stopped + recent[:most - len(stopped)])
 
 
 async def read_sources(redis: Redis, among: list[str] | None = None) -> dict[str, SourceState]:

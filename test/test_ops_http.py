@@ -312,3 +312,14 @@ def test_history_of_the_sources_read_counts_the_others_as_unmoved() -> None:
                                                                                                           None)
     states["s3"] = SourceState(requests=7)  # new: read, no rate yet
     assert history.add(t0 + 10, None, states, read={"s3"})["sources"]["s3"] == {"rps": None, "rate_limit": None}
+
+
+async def test_past_the_most_shown_the_stopped_come_first_then_the_latest_active(redis_client) -> None:
+    """/metrics and /status serve a bounded set however many sources were active in 10 minutes."""
+    from crawl_monitor.source_state import shown_sources
+    now = time.time()
+    await redis_client.zadd(c.ACTIVE_SOURCES, {f"s{n}": now - 100 + n for n in range(6)} | {"old": now - 3600})
+    await redis_client.zadd(c.WAITING_SOURCES, {"s0": now})  # waiting now: its latest activity
+    await redis_client.sadd(c.HALTED, "halted-long-ago")
+    assert await shown_sources(redis_client, now, 3) == ["halted-long-ago", "s0", "s5"]
+    assert await shown_sources(redis_client, now) == ["halted-long-ago", *(f"s{n}" for n in range(6))]

@@ -183,7 +183,7 @@ async function poll() {
     const omitted = document.getElementById("omitted");
     omitted.hidden = !status.sources_omitted;
     omitted.textContent = status.sources_omitted
-      ? `and ${fmt(status.sources_omitted, 0)} more sources with nothing crawled in the last 10 minutes ` +
+      ? `and ${fmt(status.sources_omitted, 0)} more sources, quiet for 10 minutes or past the 1,000 shown ` +
         "(python -m crawl_monitor.ctl status lists every source)" : "";
   } catch (err) {
     banner.hidden = false;
