@@ -16,6 +16,7 @@ from test.worker_fakes import FakeFeed, FakeProducer
 from worker.intake import read_ahead as read_ahead_module
 from worker.scheduling import scheduler as scheduler_module
 from worker.monitor_view import MonitorView
+from worker.constants import REALLOCATE_INTERVAL
 from worker.scheduling import sizing
 from worker.scheduling.slow_starts import Admission
 from worker.constants import (LOOP_LAG_TARGET, PARK_DEFAULT_SECONDS, PARK_UNJUDGED_SECONDS, SLOW_SHARE,
@@ -148,7 +149,7 @@ async def test_near_the_bound_the_partitions_feeding_a_fast_source_stay_open(mon
     runner = asyncio.create_task(scheduler.run())
     try:
         await until(lambda: view.rate("fast") == 100.0 and scheduler.load().waiting >= 75)
-        await asyncio.sleep(0.05)  # a round of the loop: it is known as fast
+        await asyncio.sleep(REALLOCATE_INTERVAL + 0.05)  # a pass over the sources: it is known as fast
         assert not feed.paused  # no fast source's partition known yet: the bound alone pauses
         feed.records.extend(records("fast", 2, partition=3, first_offset=1))  # back from a wait, say
         await until(lambda: len(feed.paused) == 3)

@@ -23,6 +23,7 @@ CONSUMER_EXTRA_CONFIG = {
 # --- Scheduling: queues, slots and starts (worker/scheduling/) ----------------------------
 REFRESH_INTERVAL = 2.0             # seconds between reads of halts and rates
 NEW_SOURCE_REFRESH = 0.2           # seconds before a source new to this worker has its rate read
+REALLOCATE_INTERVAL = 0.1          # seconds between two passes that size every working source's slots
 FORGET_ABOVE = 2000                # idle sources' state is dropped past twice the working ones plus this
 MIN_TASKS_PER_SOURCE = 1           # the shared floor of every source: one task at a time
 CONCURRENCY_HEADROOM = 2.0         # slots reserved for a source: pace x latency x this, at most its URLs here
