@@ -1,4 +1,4 @@
-"""The sources with outcomes lately (``active_sources``), and those with tasks
+"""The sources with outcomes lately (``active_sources``), and those with URLs split or tasks
 waiting for their tokens (``waiting_sources``), so per-second work skips the quiet ones.
 
 Reading every source ever seen (response buckets, breaker windows, counters) each
@@ -30,7 +30,7 @@ async def active_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
 
 
 async def wanting_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
-    """Sources with an outcome or a task waiting for tokens at or after ``since``
+    """Sources with an outcome, a split or a task waiting for tokens at or after ``since``
     (``active_sources`` and ``waiting_sources``), with the time of their latest one."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrangebyscore(ACTIVE_SOURCES, since, "+inf", withscores=True)
@@ -61,7 +61,7 @@ async def forget_quiet(redis: AsyncRedis, now: float) -> None:
 
 
 class Rereads:
-    """Which sources a periodic reader reads again: those with an outcome or a task
+    """Which sources a periodic reader reads again: those with an outcome, a split or a task
     waiting for tokens since its last read, or every one it shows each
     ``ACTIVE_SOURCES_FULL_READ_SECONDS``, so what changes without an outcome (an operator's
     override, a saved adaptive state) shows within that time."""

@@ -6,7 +6,7 @@ Each source's ``effective_rate`` and ``response_ms`` come from the adaptive back
 ``adaptive:{source}`` (``crawl_monitor.adaptive``), its ``backlog`` from
 ``urls_split:{source}`` - ``urls_ended:{source}``.
 
-A line lists the sources active in its interval (an outcome, a worker waiting
+A line lists the sources active in its interval (an outcome, a split, a worker waiting
 for their tokens: ``active_sources``, ``waiting_sources``) and the halted and paused ones, and counts the rest
 (``general.sources_total``, ``sources_listed``): a line of every source ever seen
 would be megabytes, read every 5 s for sources with nothing going on. Even so, at

@@ -7,7 +7,7 @@ rather than saved up into a burst. Each SET carries a short expiry, so a
 dead monitor leaves empty buckets behind and the crawl stops (fail closed).
 
 Only the sources active lately (``ACTIVE_SOURCES_TICK_SECONDS``: an outcome in
-``active_sources``, or a worker waiting for its tokens in ``waiting_sources``) are
+``active_sources``, a split or a worker waiting for its tokens in ``waiting_sources``) are
 ticked: a second's work is in proportion to the sources being crawled, not to those seen
 (docs/decisions.md). A source that drops out has nothing to crawl; its bucket and rate
 expire within seconds.

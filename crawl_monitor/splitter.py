@@ -218,9 +218,12 @@ class Splitter:
 
     def _record(self, plan: SplitPlan) -> None:
         if plan.split:
+            now = time.time()
             with self._redis.pipeline(transaction=False) as pipe:
                 pipe.sadd(contracts.INBOUND_SOURCES, *plan.new_urls)
                 pipe.incrby(contracts.NUM_SPLIT, plan.split)
+                # The regulator grants tokens to the sources active lately: these have work now.
+                pipe.zadd(contracts.WAITING_SOURCES, dict.fromkeys(plan.new_urls, now), gt=True)
                 for source, count in plan.new_urls.items():
                     if count:
                         pipe.incrby(contracts.urls_split_key(source), count)
