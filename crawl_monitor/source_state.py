@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (ACTIVE_SOURCES, WAITING_SOURCES, ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adaptive_key, adaptive_off_key,
-                              error_statuses_key, errors_key,
+from common.contracts import (ACTIVE_SOURCES, ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, WAITING_SOURCES,
+                              adaptive_key, adaptive_off_key, error_statuses_key, errors_key,
                               override_rate_key, rate_limit_key, resized_key, source_requests_key, tokens_key,
                               opted_out_key, urls_ended_key, urls_split_key)
 from common.redis_values import as_text, count, finite_number
