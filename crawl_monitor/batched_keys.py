@@ -49,6 +49,27 @@ end
 return #KEYS
 """
 
+# KEYS: n count-window hashes; ARGV: each key's cut-off. Drops the fields whose bucket start (the
+# digits before the first ':'; -1 for a field of another shape) is at or below its key's cut-off, as
+# ``contracts.bucket_of_field`` reads it; returns the fields dropped.
+HDEL_BUCKETS_UP_TO = """
+local dropped = 0
+for i, key in ipairs(KEYS) do
+  local cutoff = tonumber(ARGV[i])
+  local old = {}
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    local head = string.match(field, '^[^:]*')
+    local start = string.match(head, '^%d+$') and tonumber(head) or -1
+    if start <= cutoff then old[#old + 1] = field end
+  end
+  for first = 1, #old, 1000 do
+    redis.call('HDEL', key, unpack(old, first, math.min(first + 999, #old)))
+  end
+  dropped = dropped + #old
+end
+return dropped
+"""
+
 
 def _pairs(flat: list[Any]) -> dict[Any, Any]:
     """An HGETALL reply as a script returns it (field, value, ...) as redis-py's dict."""
@@ -64,6 +85,7 @@ class BatchedKeys:
         self._lrange = redis.register_script(LRANGE_MANY)
         self._smembers = redis.register_script(SMEMBERS_MANY)
         self._hset_expire = redis.register_script(HSET_EXPIRE_MANY)
+        self._hdel_buckets = redis.register_script(HDEL_BUCKETS_UP_TO)
 
     async def hashes(self, keys: list[str]) -> list[dict[Any, Any]]:
         """Each key's HGETALL ({} for a missing key)."""
@@ -87,6 +109,16 @@ class BatchedKeys:
                 args.append(len(mappings[key]))
                 args.extend(chain.from_iterable(mappings[key].items()))
             await self._hset_expire(keys=batch, args=args)
+
+    async def drop_buckets_up_to(self, cutoffs: dict[str, float]) -> int:
+        """In each count-window hash, HDEL the fields of the buckets that started at or before its
+        cut-off; the number of fields dropped."""
+        keys = list(cutoffs)
+        dropped = 0
+        for start in range(0, len(keys), KEYS_BATCH):
+            batch = keys[start:start + KEYS_BATCH]
+            dropped += await self._hdel_buckets(keys=batch, args=[cutoffs[key] for key in batch])
+        return dropped
 
     @staticmethod
     async def _each_batch(script: Any, keys: list[str], args: list[Any] | None = None) -> list[Any]:

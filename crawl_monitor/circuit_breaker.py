@@ -22,7 +22,7 @@ from common.jsonlog import log_event
 from common.source_sets import stopped_among
 from common.protocols import AsyncRedis
 from crawl_monitor.active_sources import active_scores, active_since, forget_quiet
-from crawl_monitor.batched_keys import KEYS_BATCH
+from crawl_monitor.batched_keys import KEYS_BATCH, BatchedKeys
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, BREAKER_FULL_PASS_SECONDS, BUCKET_TRIM_SECONDS,
                                      TEMP_HALT_ERROR_RATIO, TEMP_HALT_FALSE_ALARM, TEMP_HALT_HEALTHY_ERROR_RATIO,
                                      TEMP_HALT_MIN_SAMPLES, TEMP_HALT_WINDOW_SECONDS)
@@ -93,6 +93,7 @@ class CircuitBreaker:
     def __init__(self, redis: AsyncRedis):
         self._redis = redis
         self._read_windows = redis.register_script(READ_WINDOWS)
+        self._keys = BatchedKeys(redis)
         self._next_bucket_trim = 0.0
         self._last_check = float("-inf")  # none yet: the first check is a full pass
         self._next_full_pass = float("-inf")  # every source with an outcome in the last minute
@@ -160,19 +161,12 @@ class CircuitBreaker:
             await self._judge(source, statuses, list(last_50), source in halted, source in temp_halted)
 
     async def _trim_buckets(self, sources: list[str], now: float) -> None:
-        """Drop the count windows' buckets that ended before their window began."""
-        keys = [(contracts.status_window_key(prefix, source), now - seconds - bucket)
-                for source in sources for prefix, (seconds, bucket) in contracts.STATUS_COUNT_WINDOWS.items()]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for key, _seconds in keys:
-                pipe.hkeys(key)
-            fields = await pipe.execute()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for (key, started_before), names in zip(keys, fields, strict=True):
-                old = [f for f in map(as_text, names) if contracts.bucket_of_field(f) <= started_before]
-                if old:
-                    pipe.hdel(key, *old)
-            await pipe.execute()
+        """Drop the count windows' buckets that ended before their window began, in Redis by script
+        (two HKEYS a source through a pipeline held the monitor's loop for ~0.4 s a minute at
+        20,000 sources)."""
+        await self._keys.drop_buckets_up_to({
+            contracts.status_window_key(prefix, source): now - seconds - bucket
+            for source in sources for prefix, (seconds, bucket) in contracts.STATUS_COUNT_WINDOWS.items()})
 
     async def _judge(self, source: str, minute: list[str], last_50: list[str],
                      halted: bool, temp_halted: bool) -> None:

@@ -40,3 +40,21 @@ async def test_saved_hashes_are_set_and_expire_as_hset_and_expire_would(redis_cl
         assert {k: v for k, v in (await redis_client.hgetall(key)).items() if k != "kept"} == mapping
         assert 3590 < await redis_client.ttl(key) <= 3600
     assert (await redis_client.hgetall(f"{unique}:one"))["kept"] == "yes"  # HSET adds, as before
+
+
+async def test_buckets_up_to_a_cut_off_are_dropped_as_bucket_of_field_reads_them(redis_client, unique) -> None:
+    """The count windows' trim by script: a field whose bucket started at or before its key's cut-off
+    goes (one of another shape too, as ``bucket_of_field`` gives it -1), the rest stay; past the
+    1,000 fields one HDEL takes, and past a batch of keys."""
+    from common.contracts import bucket_of_field
+    many = {f"{unique}:many": {f"{start}:200": 1 for start in range(2500)}}
+    keys = {f"{unique}:w:{n}": {f"{100 + n}:500": 1, f"{200 + n}:404": 2, "garbled": 3, "12x:200": 4}
+            for n in range(KEYS_BATCH + 3)}
+    for key, fields in (many | keys).items():
+        await redis_client.hset(key, mapping=fields)
+    cutoffs = {f"{unique}:many": 2000.0} | {key: 150.0 for key in keys} | {f"{unique}:missing": 10.0}
+    dropped = await BatchedKeys(redis_client).drop_buckets_up_to(cutoffs)
+    expected = {key: sorted(f for f in fields if bucket_of_field(f) > cutoffs[key])
+                for key, fields in (many | keys).items()}
+    assert {key: sorted(await redis_client.hkeys(key)) for key in expected} == expected
+    assert dropped == sum(len(fields) for fields in (many | keys).values()) - sum(map(len, expected.values()))

@@ -252,6 +252,7 @@ class FakeAsyncRedis:
     def register_script(self, script: str):
         """The monitor's scripts (regulator.REFILL, batched_keys'), run in Python on the same keys,
         through the store's commands (a RecordingStore records them)."""
+        from common import contracts
         from crawl_monitor import batched_keys
         from crawl_monitor.circuit_breaker import READ_WINDOWS
         from crawl_monitor.regulator import REFILL
@@ -283,6 +284,14 @@ class FakeAsyncRedis:
                 at += 1 + 2 * n
             return len(keys)
 
+        async def hdel_buckets_up_to(keys: list[str], args: list) -> int:
+            dropped = 0
+            for key, cutoff in zip(keys, args, strict=True):
+                old = [f for f in store.hgetall(key) if contracts.bucket_of_field(f) <= float(cutoff)]
+                if old:
+                    dropped += store.hdel(key, *old)
+            return dropped
+
         async def read_windows(keys: list[str], args: list) -> list[list[str]]:
             replies = []
             for minute, last_50 in zip(keys[::2], keys[1::2], strict=True):
@@ -292,7 +301,8 @@ class FakeAsyncRedis:
 
         scripts = {REFILL: refill, READ_WINDOWS: read_windows, batched_keys.HGETALL_MANY: hgetall_many,
                    batched_keys.LRANGE_MANY: lrange_many, batched_keys.SMEMBERS_MANY: smembers_many,
-                   batched_keys.HSET_EXPIRE_MANY: hset_expire_many}
+                   batched_keys.HSET_EXPIRE_MANY: hset_expire_many,
+                   batched_keys.HDEL_BUCKETS_UP_TO: hdel_buckets_up_to}
         assert script in scripts, "FakeAsyncRedis knows only the monitor's scripts"
         return scripts[script]
 
