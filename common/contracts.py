@@ -370,7 +370,7 @@ ROBOTS_WAIT_FIELD = "robots_wait_since"      # when the URL's host's robots.txt 
 RETRY_AFTER_WAIT_FIELD = "retry_after_since"  # when the URL was first answered 429 or 503 (a Retry-After pause)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CrawlRequest:
     url: str
     uuid: str

@@ -6,8 +6,7 @@ running, those with slots reserved, the fast ones) hold lanes, not facts of thei
 """
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from dataclasses import dataclass, field
 
 from common.contracts import CrawlRequest
@@ -16,7 +15,7 @@ from worker.intake.feed import TP
 from worker.scheduling.sizing import throughput
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Job:
     tp: TP
     offset: int
@@ -25,12 +24,16 @@ class Job:
 
 @dataclass(eq=False, slots=True)
 class Lane:
+    """A worker holds ~10,000 lanes of one URL each at 100,000 sources, so a lane is kept small:
+    its queue a list (an empty deque holds a block of 64 slots, 760 bytes; a queue is at most
+    QUEUE_MAX_PER_SOURCE long, so taking its first is a short copy) and ``fed_from`` an empty
+    frozenset shared by the slow lanes (docs/decisions.md, "Fleet scale")."""
     source: str
-    queue: deque[Job] = field(default_factory=deque)  # URLs waiting here for a slot, oldest first
+    queue: list[Job] = field(default_factory=list)  # URLs waiting here for a slot, oldest first
     running: int = 0                # tasks running now
     reserved: int = 0               # slots reserved for it at the last reallocation (its need)
     fast: bool = False              # paced at FAST_SOURCE_RATE or more, with work here
-    fed_from: set[TP] = field(default_factory=set)  # partitions its URLs came from, while fast
+    fed_from: Set[TP] = frozenset()  # partitions its URLs came from, while fast
     latency: float = DEFAULT_LATENCY  # seconds a task takes, smoothed
     throughput: float | None = None   # URLs ended here a second, smoothed; None: not measured
     ended: int = 0                  # URLs ended here since the last measure
@@ -63,9 +66,14 @@ class Lane:
         if measured and self.working_since is not None and now - self.working_since >= THROUGHPUT_WARMUP_SECONDS:
             self.throughput = throughput(self.throughput, ended, elapsed, self.running, dry)
 
+    def fed(self, tp: TP) -> None:
+        """A URL of this (fast) lane came from ``tp``."""
+        if tp not in self.fed_from:
+            self.fed_from = self.fed_from | {tp}
+
     def forget(self) -> None:
         """Back to what a new source's lane knows, but for the turn of its latest parked URL."""
-        self.fast, self.fed_from, self.latency, self.throughput = False, set(), DEFAULT_LATENCY, None
+        self.fast, self.fed_from, self.latency, self.throughput = False, frozenset(), DEFAULT_LATENCY, None
 
 
 class Lanes:

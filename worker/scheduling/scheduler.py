@@ -28,7 +28,6 @@ import asyncio
 import functools
 import inspect
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -192,7 +191,7 @@ class Scheduler:
         stopped = self._view.stopped
         for source, lane in list(self._lanes.waiting.items()):
             if source in stopped:  # its queue goes to wait: the slots go to the others
-                jobs, lane.queue = lane.queue, deque()
+                jobs, lane.queue = lane.queue, []
                 del self._lanes.waiting[source]
                 self._queued -= len(jobs)
                 for job in jobs:
@@ -229,7 +228,7 @@ class Scheduler:
                 cancelled += task.cancel()
         if revoked_set:
             for source, lane in list(self._lanes.waiting.items()):
-                kept = deque(job for job in lane.queue if job.tp not in revoked_set)
+                kept = [job for job in lane.queue if job.tp not in revoked_set]
                 self._queued -= len(lane.queue) - len(kept)
                 lane.queue = kept
                 if not kept:
@@ -271,7 +270,7 @@ class Scheduler:
         job = Job(tp, record.offset, request)
         lane = self._lanes.lane(request.source)
         if lane.fast:
-            lane.fed_from.add(tp)
+            lane.fed(tp)
         view = self._view
         if lane.source in view.halted or lane.source in view.temp_halted or (
                 lane.queue and len(lane.queue) >= self._queue_limit(lane)):
@@ -364,7 +363,7 @@ class Scheduler:
         for source, lane in self._lanes.fast.items():
             if source not in fast:
                 lane.fast = False
-                lane.fed_from = set()
+                lane.fed_from = frozenset()
         for lane in fast.values():
             lane.fast = True
         self._lanes.reserved = {source: working[source] for source in reserved}
@@ -406,7 +405,7 @@ class Scheduler:
                 if on_shared:
                     shared_free -= 1
                 del waiting[lane.source]  # re-inserted last: the rotation
-                job = lane.queue.popleft()
+                job = lane.queue.pop(0)
                 self._queued -= 1
                 if lane.queue:
                     waiting[lane.source] = lane
@@ -528,7 +527,7 @@ class Scheduler:
         waiting, self._lanes.waiting = self._lanes.waiting, {}
         self._queued = 0
         for lane in waiting.values():
-            jobs, lane.queue = lane.queue, deque()
+            jobs, lane.queue = lane.queue, []
             for job in jobs:
                 self._park(job, lane)
         deadline = time.monotonic() + self._shutdown_timeout
