@@ -212,18 +212,14 @@ class _SegmentWriter:
 
 
 class _Connection(asyncio.BufferedProtocol):
-    """One socket. Reads land in a scratch buffer (heads), in the thread's stream buffer while
-    llhttp takes a chunked body (``stream``) or, while a caller waits in ``read_into``,
-    straight into the caller's memory."""
+    """One socket. Reads land in the thread's scratch buffer (heads, copied out at once), in the
+    thread's stream buffer while llhttp takes a chunked body (``stream``) or, while a caller
+    waits in ``read_into``, straight into the caller's memory."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float):
         self._loop = loop
         self._read_timeout = read_timeout
         self.transport: asyncio.Transport | None = None
-        self._scratch = bytearray(HTTP_SCRATCH_BYTES)
-        # A view, never the bytearray: asyncio's TLS transport fills the rest of a buffer
-        # through buf[offset:], which for a bytearray is a copy (those bytes were lost).
-        self._scratch_view = memoryview(self._scratch)
         self._pending = bytearray()   # received, not yet consumed
         self._target: memoryview | None = None
         self._filled = 0
@@ -248,7 +244,7 @@ class _Connection(asyncio.BufferedProtocol):
             return self._target[self._filled:]
         if self._stream is not None:
             return _stream_buffer()
-        return self._scratch_view
+        return _scratch_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         self._last_data = self._loop.time()
@@ -263,7 +259,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self._stream is not None:
             self._consume(_stream_buffer()[:nbytes])
             return
-        self._pending += self._scratch_view[:nbytes]
+        self._pending += _scratch_buffer()[:nbytes]
         if len(self._pending) > HTTP_MAX_HEAD_BYTES + HTTP_SCRATCH_BYTES and self.transport is not None:
             self.transport.pause_reading()  # nobody is reading: a peer may not fill our memory
         self._wake()
@@ -397,6 +393,20 @@ class _Connection(asyncio.BufferedProtocol):
 
 
 _stream_buffers = threading.local()
+_scratch_buffers = threading.local()
+
+
+def _scratch_buffer() -> memoryview:
+    """The receive buffer of heads, one per thread (so per event loop) for all its connections:
+    asyncio fills it and calls ``buffer_updated`` in one step, which copies the bytes out
+    before any other read. One per connection was 64 KiB each, 16-18 MiB of a worker's memory at
+    100,000 sources (docs/decisions.md, "Fleet scale"). A view, never the bytearray: asyncio's
+    TLS transport fills the rest of a buffer through buf[offset:], which for a bytearray is a
+    copy (those bytes were lost)."""
+    buffer = getattr(_scratch_buffers, "view", None)
+    if buffer is None:
+        buffer = _scratch_buffers.view = memoryview(bytearray(HTTP_SCRATCH_BYTES))
+    return buffer
 
 
 def _stream_buffer() -> memoryview:
