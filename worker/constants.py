@@ -17,7 +17,9 @@ FINISHED_OFFSETS_BUFFER = 100_000  # finished offsets held at most while Redis d
 CONSUMER_EXTRA_CONFIG = {
     # Round-robin, eager: the subscription never changes, so only a worker joining or leaving rebalances.
     "partition.assignment.strategy": "roundrobin",
-    "queued.max.messages.kbytes": 8192,  # librdkafka's prefetch per consumer
+    # librdkafka's prefetch per consumer, past what the worker holds: ~550 bytes a small message, so
+    # 8 MiB of them cost 18 MiB more at 100,000 sources than at 5,000 (docs/decisions.md, "Fleet scale").
+    "queued.max.messages.kbytes": 1024,
 }
 
 # --- Scheduling: queues, slots and starts (worker/scheduling/) ----------------------------
@@ -95,7 +97,7 @@ MAX_REDIRECTS = 5                  # redirect hops followed at most
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})  # statuses followed as redirects
 SEGMENT_STEP = 1 << 20             # a body's shared-memory segment is backed this much at a time
 IDLE_SEGMENT_BYTES = 128 << 20     # backed memory of idle segments kept for reuse, all together
-HTTP_SCRATCH_BYTES = 64 << 10      # receive buffer for heads, one per connection
+HTTP_SCRATCH_BYTES = 64 << 10      # receive buffer for heads, one for all connections
 HTTP_STREAM_BUFFER_BYTES = 1 << 20  # receive buffer of chunked bodies, one for all connections
 HTTP_MAX_HEAD_BYTES = 64 << 10     # a longer response head is refused (BadResponse)
 HTTP_MAX_HEADERS = 128             # and so is one with more header lines
