@@ -123,7 +123,7 @@ async def test_dashboard_shows_sources_limits_errors_halts_and_a_chart(
     assert "500×20" in rows["flickr"] and "Timeout×2" in rows["flickr"] and "200×48" in rows["flickr"]
     assert "13,188" in rows["flickr"]
     assert [cells[s][9] for s in ("flickr", "animaldiversity", "phylopic")] == ["6,790", "0", "9,932"]  # backlog
-    assert page["omitted"].startswith("and 1 more sources with nothing crawled"), page["omitted"]
+    assert page["omitted"].startswith("and 1 more sources, quiet for 10 minutes"), page["omitted"]
     assert 10 < float(cells["flickr"][6]) < 80, rows["flickr"]  # achieved req/s, from the fake worker
     # Its limit, its capacity discovery ceiling, what the adaptive back-off allows now, and the
     # response times it judges by.
