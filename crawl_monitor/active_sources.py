@@ -29,12 +29,16 @@ async def active_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
             for member, score in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf", withscores=True)}
 
 
-async def wanting_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
+async def wanting_scores(redis: AsyncRedis, since: float, most: int | None = None) -> dict[str, float]:
     """Sources with an outcome, a split or a task waiting for tokens at or after ``since``
-    (``active_sources`` and ``waiting_sources``), with the time of their latest one."""
+    (``active_sources`` and ``waiting_sources``), with the time of their latest one; with ``most``,
+    only the ``most`` latest of each set (so at least the ``most`` latest of both)."""
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.zrangebyscore(ACTIVE_SOURCES, since, "+inf", withscores=True)
-        pipe.zrangebyscore(WAITING_SOURCES, since, "+inf", withscores=True)
+        for key in (ACTIVE_SOURCES, WAITING_SOURCES):
+            if most is None:
+                pipe.zrangebyscore(key, since, "+inf", withscores=True)
+            else:
+                pipe.zrevrangebyscore(key, "+inf", since, start=0, num=most, withscores=True)
         active, waiting = await pipe.execute()
     scores = {as_text(member): float(score) for member, score in waiting}
     for member, score in active:

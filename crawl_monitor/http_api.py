@@ -274,11 +274,10 @@ class _Api:
         body: dict[str, Any] = dict(self._update() or {"event": None})
         try:
             sources = await read_sources(self.redis, among=await shown_sources(self.redis, time.time(), SHOWN_SOURCES))
-            shown = list(sources)
-            body["sources"] = {s: {**asdict(sources[s]), "error_total": sources[s].error_total,
+            body["sources"] = {s: {**asdict(state), "error_total": state.error_total,
                                    "achieved_rps": self.history.achieved_rps(s)}
-                               for s in sorted(shown)}
-            body["sources_omitted"] = max(0, await self.redis.scard(INBOUND_SOURCES) - len(shown))
+                               for s, state in sources.items()}  # in name order
+            body["sources_omitted"] = max(0, await self.redis.scard(INBOUND_SOURCES) - len(sources))
         except RedisError as exc:
             body["sources"], body["redis_error"] = None, str(exc)
         body["history"] = self.history.since(since)

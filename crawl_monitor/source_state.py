@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from common.contracts import (ACTIVE_SOURCES, ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, WAITING_SOURCES,
-                              adaptive_key, adaptive_off_key, error_statuses_key, errors_key,
+from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adaptive_key, adaptive_off_key,
+                              error_statuses_key, errors_key,
                               override_rate_key, rate_limit_key, resized_key, source_requests_key, tokens_key,
                               opted_out_key, urls_ended_key, urls_split_key)
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets, stopped_among
-from crawl_monitor.active_sources import Rereads, wanting_since
+from crawl_monitor.active_sources import Rereads, wanting_scores, wanting_since
 from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import SHOWN_RECENT_SECONDS
 
@@ -98,16 +98,10 @@ async def shown_sources(redis: Redis, now: float, most: int | None = None) -> li
     if most is None:
         return sorted(await wanting_since(redis, since) | sets.stopped)
     stopped = sorted(sets.stopped)[:most]
-    async with redis.pipeline(transaction=False) as pipe:
-        for key in (ACTIVE_SOURCES, WAITING_SOURCES):
-            pipe.zrevrangebyscore(key, "+inf", since, start=0, num=most, withscores=True)
-        active, waiting = await pipe.execute()
-    latest: dict[str, float] = {}
-    for member, score in (*active, *waiting):
-        source = as_text(member)
-        latest[source] = max(float(score), latest.get(source, float(score)))
-    recent = heapq.nsmallest(most, (s for s in latest if s not in sets.stopped), key=lambda s: (-latest[s], s))
-    return sorted(stopped + recent[:most - len(stopped)])
+    latest = await wanting_scores(redis, since, most)
+    recent = heapq.nsmallest(most - len(stopped), (s for s in latest if s not in sets.stopped),
+                             key=lambda s: (-latest[s], s))
+    return sorted(stopped + recent)
 
 
 async def read_sources(redis: Redis, among: list[str] | None = None) -> dict[str, SourceState]:
