@@ -162,8 +162,7 @@ class CircuitBreaker:
 
     async def _trim_buckets(self, sources: list[str], now: float) -> None:
         """Drop the count windows' buckets that ended before their window began, in Redis by script
-        (two HKEYS a source through a pipeline held the monitor's loop for ~0.4 s a minute at
-        20,000 sources)."""
+        (docs/decisions.md, "Fleet scale")."""
         await self._keys.drop_buckets_up_to({
             contracts.status_window_key(prefix, source): now - seconds - bucket
             for source in sources for prefix, (seconds, bucket) in contracts.STATUS_COUNT_WINDOWS.items()})

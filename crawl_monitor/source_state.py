@@ -91,8 +91,8 @@ def _whole(number: float | None) -> int | None:
 async def shown_sources(redis: Redis, now: float, most: int | None = None) -> list[str]:
     """The sources the dashboard and ``/metrics`` show: those active in the last
     SHOWN_RECENT_SECONDS and every halted or paused one, not every source ever seen; with ``most``,
-    at most that many: the stopped first, then the most recently active (a crawl of one-URL sites
-    has ~100,000 in 10 minutes, and reading and serving every one blocked the monitor's loop)."""
+    at most that many: the stopped first, then the most recently active (docs/decisions.md,
+    "Fleet scale")."""
     sets = await read_source_sets(redis, inbound=False)
     since = now - SHOWN_RECENT_SECONDS
     if most is None:
@@ -149,8 +149,8 @@ class ChartReads:
     requests and granted rate, the other fields left at their defaults (the rest of a state is read
     when ``/status`` or ``/metrics`` asks: ``read_sources``).
 
-    The work follows the sources with news, not those shown (100,000 in a crawl of one-URL sites,
-    docs/decisions.md "Fleet scale"): every shown source is read each
+    The work follows the sources with news, not those shown (docs/decisions.md, "Fleet scale"):
+    every shown source is read each
     ACTIVE_SOURCES_FULL_READ_SECONDS, and between, only those ``Rereads`` names (two MGETs), a new
     one added. A quiet source keeps its last state until the next full read, so its expiring rate
     shows up to a minute late."""

@@ -222,9 +222,8 @@ class Splitter:
             with self._redis.pipeline(transaction=False) as pipe:
                 pipe.sadd(contracts.INBOUND_SOURCES, *plan.new_urls)
                 pipe.incrby(contracts.NUM_SPLIT, plan.split)
-                # The regulator grants tokens to the sources active lately: these have work now, and
-                # their rates must be published before a worker past its bound reads on for fast
-                # sources only (worker.intake.read_ahead looks them up; docs/decisions.md, issue 44).
+                # A split source is ticked, so its rate is published: a worker past its bound looks
+                # it up to take only fast sources' URLs (docs/decisions.md, "Fleet scale").
                 pipe.zadd(contracts.WAITING_SOURCES, dict.fromkeys(plan.new_urls, now), gt=True)
                 for source, count in plan.new_urls.items():
                     if count:

@@ -17,8 +17,7 @@ FINISHED_OFFSETS_BUFFER = 100_000  # finished offsets held at most while Redis d
 CONSUMER_EXTRA_CONFIG = {
     # Round-robin, eager: the subscription never changes, so only a worker joining or leaving rebalances.
     "partition.assignment.strategy": "roundrobin",
-    # librdkafka's prefetch per consumer, past what the worker holds: ~550 bytes a small message, so
-    # 8 MiB of them cost 18 MiB more at 100,000 sources than at 5,000 (docs/decisions.md, "Fleet scale").
+    # librdkafka's prefetch per consumer, held beside what the worker holds (docs/decisions.md, "Fleet scale").
     "queued.max.messages.kbytes": 1024,
 }
 

@@ -399,10 +399,9 @@ _scratch_buffers = threading.local()
 def _scratch_buffer() -> memoryview:
     """The receive buffer of heads, one per thread (so per event loop) for all its connections:
     asyncio fills it and calls ``buffer_updated`` in one step, which copies the bytes out
-    before any other read. One per connection was 64 KiB each, 16-18 MiB of a worker's memory at
-    100,000 sources (docs/decisions.md, "Fleet scale"). A view, never the bytearray: asyncio's
-    TLS transport fills the rest of a buffer through buf[offset:], which for a bytearray is a
-    copy (those bytes were lost)."""
+    before any other read (docs/decisions.md, "Fleet scale"). A view, never the bytearray:
+    asyncio's TLS transport fills the rest of a buffer through buf[offset:], which for a
+    bytearray is a copy."""
     buffer = getattr(_scratch_buffers, "view", None)
     if buffer is None:
         buffer = _scratch_buffers.view = memoryview(bytearray(HTTP_SCRATCH_BYTES))

@@ -24,10 +24,9 @@ class Job:
 
 @dataclass(eq=False, slots=True)
 class Lane:
-    """A worker holds ~10,000 lanes of one URL each at 100,000 sources, so a lane is kept small:
-    its queue a list (an empty deque holds a block of 64 slots, 760 bytes; a queue is at most
-    QUEUE_MAX_PER_SOURCE long, so taking its first is a short copy) and ``fed_from`` an empty
-    frozenset shared by the slow lanes (docs/decisions.md, "Fleet scale")."""
+    """Kept small, as a worker holds one per source: its queue a list (at most QUEUE_MAX_PER_SOURCE
+    long, so taking its first is a short copy; an empty deque holds a block) and ``fed_from`` an
+    empty frozenset shared by the slow lanes (docs/decisions.md, "Fleet scale")."""
     source: str
     queue: list[Job] = field(default_factory=list)  # URLs waiting here for a slot, oldest first
     running: int = 0                # tasks running now

@@ -335,9 +335,8 @@ class Scheduler:
 
     # --- slots and starts ------------------------------------------------------
     def _reallocate_if_due(self) -> None:
-        """A pass over every working source, at most every REALLOCATE_INTERVAL: the loop goes round
-        tens of times a second, and at 10,000 sources held the passes took a fifth of the worker's
-        loop (docs/decisions.md, "Fleet scale")."""
+        """A pass over every working source, at most every REALLOCATE_INTERVAL rather than at each
+        round of the loop (docs/decisions.md, "Fleet scale")."""
         now = time.monotonic()
         if now >= self._next_reallocate:
             self._next_reallocate = now + REALLOCATE_INTERVAL
