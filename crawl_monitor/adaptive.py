@@ -312,7 +312,7 @@ class Controller:
                   "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
                   "recent_ms": self.recent_ms,
                   "changed_at": self.changed_at if self.changed_at > float("-inf") else None}
-        return {name: f"{value:.6g}" if isinstance(value, float) else str(value)
+        return {name: f"{value:.15g}" if isinstance(value, float) else str(value)
                 for name, value in fields.items() if value is not None}
 
     @classmethod

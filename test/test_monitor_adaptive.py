@@ -172,6 +172,9 @@ def test_state_survives_a_monitor_restart_and_junk_starts_afresh() -> None:
     back = Controller.restored(saved)
     assert (back.multiplier, back.slow_start, back.baseline_ms, back.baseline_at) == (0.42, False, 210.0, T0)
     assert back.changed_at == float("-inf")  # never changed: every bucket counts
+    now = 1_795_918_753.702  # Unix times come back to the millisecond, not 1.79592e+09
+    back = Controller.restored(Controller(changed_at=now, baseline_ms=210.0, baseline_at=now).saved(40, enabled=True))
+    assert back.changed_at == pytest.approx(now, abs=1e-3) and back.baseline_at == pytest.approx(now, abs=1e-3)
     fresh = Controller.restored({"multiplier": "nan", "baseline_ms": "-3", "baseline_at": "x"})
     assert (fresh.multiplier, fresh.slow_start, fresh.baseline_ms) == (Controller().multiplier, True, None)
 
