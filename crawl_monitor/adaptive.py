@@ -24,17 +24,18 @@ fast (TCP's slow start). Complete buckets of 10 answers would be ~10 s per doubl
 few req/s, so the slow start is judged every second on the answers
 recorded since the last look (``observe_fresh``): a few (``ADAPTIVE_SLOW_START_SAMPLES``),
 to requests made after the last doubling, tell "as fast as at first" from "slower". The
-first slow-down halves the multiplier (back to the last rate answered fast) and ends the
-slow start: overload answers at once, a slow median once the next fresh answers are slow too
-(``slow_start_move``). Capacity discovery is the same controller with a higher top: a source the
-regulator lets discover starts at a tenth of its ``cap`` and climbs past its limit
-(multiplier above 1) up to it; past the limit a doubling needs more fresh answers, to
-requests sent over seconds at the current grant (``doubling_evidence``), so a site whose
-queue builds is heard before the next doubling and loopback noise is not load, and it
-grows to at most twice the rate the site answered
-(docs/decisions.md, "Capacity discovery"). The state is kept in ``adaptive:{source}``, so a monitor that takes over
-continues where the last one was; ``adaptive_off:{source}`` switches a source back to its
-ceiling.
+first slow-down ends the slow start: overload answers at once, halving the multiplier (back to
+the last rate answered fast); a slow median once the next fresh answers are slow too
+(``slow_start_move``), landing near what the site served meanwhile, its capacity, once the
+queue our requests built there has drained at half of it (``landing``). Capacity discovery is
+the same controller with a higher top: a source the regulator lets discover starts at a tenth
+of its ``cap`` and climbs past its limit (multiplier above 1) up to it; past the limit a
+doubling needs more fresh answers, to requests sent over seconds at the current grant
+(``doubling_evidence``), so a site whose queue builds is heard before the next doubling and
+loopback noise is not load, and it grows to at most twice the rate the site answered
+(docs/decisions.md, "Capacity discovery"). The state is kept in ``adaptive:{source}``, so a
+monitor that takes over continues where the last one was; ``adaptive_off:{source}`` switches a
+source back to its ceiling.
 
 ``Controller`` is the decision, pure; ``Adaptation`` reads and writes Redis around it. The
 regulator asks ``Adaptation.effective`` for each source it grants a rate; the monitor runs
@@ -55,7 +56,8 @@ from crawl_monitor.active_sources import active_since
 from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
-                                     ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_FLOOR_RPS,
+                                     ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_SHARE,
+                                     ADAPTIVE_FLOOR_RPS, ADAPTIVE_LAND_SHARE,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
                                      ADAPTIVE_RECOVERED_FACTOR, ADAPTIVE_RECOVERED_MIN_EXTRA_MS,
@@ -143,6 +145,19 @@ def answered_rate(readings: Iterable[Reading], now: float, seconds: float) -> fl
     return total / (now - start) if now > start else 0.0
 
 
+def landing(level: float, served: float, slow_ms: float, baseline_ms: float, lowest: float
+            ) -> tuple[float, float, float]:
+    """Where a slow start that overran its site goes: (a level to drain at, for how many seconds,
+    the level after). ``served``: the site's answers a second while it was slow, as a share of the
+    limit (what it can take); ``slow_ms`` over ``baseline_ms``: the queue our requests built there.
+    At ADAPTIVE_DRAIN_SHARE of what it served, that queue drains in its delay / (1 - the share);
+    then ADAPTIVE_LAND_SHARE of it, never above the level that overran it."""
+    drain = max(lowest, min(level, ADAPTIVE_DRAIN_SHARE * served))
+    queued = max(0.0, slow_ms - baseline_ms) / 1000
+    after = max(lowest, min(level, ADAPTIVE_LAND_SHARE * served))
+    return drain, queued / (1 - ADAPTIVE_DRAIN_SHARE), after
+
+
 SLOW, FAST = "slow", "fast"
 
 
@@ -178,6 +193,8 @@ class Controller:
     changed_at: float = float("-inf")  # buckets that started before this are not judged again
     readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))
     fresh: deque[Reading] = field(default_factory=lambda: deque(maxlen=ADAPTIVE_READINGS_KEPT))  # since the change
+    drain_until: float | None = None  # draining the queue an overrun built (``landing``) until then...
+    landing_multiplier: float = 0.0   # ... then this
 
     def rate(self, ceiling: float, cap: float | None = None) -> float:
         return ceiling * self.level(ceiling, cap)
@@ -211,6 +228,9 @@ class Controller:
         if not enabled:
             self.switch_off()
             return OFF
+        self.land(now)
+        if self.drain_until is not None:
+            return HOLD
         lowest, top = floor_share(ceiling), top_share(ceiling, cap)
         if self.slow_start:
             if lowest < top:
@@ -235,8 +255,8 @@ class Controller:
     def observe_fresh(self, reading: Reading, ceiling: float, now: float, cap: float | None = None) -> str:
         """The slow start: answers recorded from ``reading.start`` to ``now``. Double once
         enough answers to requests made after the last change (``doubling_evidence``) are as
-        fast as at first; at the first slow-down halve, back to the last rate answered fast,
-        and end the slow start."""
+        fast as at first; at the first slow-down end the slow start: halve on overload answers,
+        drain and land (``landing``) on a slow median."""
         if not self.slow_start:
             return WAIT
         level = self.level(ceiling, cap)
@@ -253,11 +273,18 @@ class Controller:
         if median is not None and (baseline is None or median < baseline):
             self.baseline_ms, self.baseline_at = median, now
         verdict = self._judge(bins, overload, total, self.baseline(now))
-        move = slow_start_move(verdict, overloaded(overload, total), self.slow_seen)
+        overran = overloaded(overload, total)
+        move = slow_start_move(verdict, overran, self.slow_seen)
         lowest, top = floor_share(ceiling), top_share(ceiling, cap)
-        if move == DOWN:  # one doubling back, and by steps from there
-            self.multiplier = max(lowest, level / 2)
+        if move == DOWN:
             self.slow_start = self.slow_seen = False
+            baseline = self.baseline(now)
+            if overran or median is None or baseline is None:  # refusals: one doubling back, by steps from there
+                self.multiplier = max(lowest, level / 2)
+            else:  # slow: its queue drained, then near what it served (its capacity)
+                served = answered_rate(reversed(self.fresh), now, ADAPTIVE_DISCOVERY_SECONDS) / ceiling
+                self.multiplier, seconds, self.landing_multiplier = landing(level, served, median, baseline, lowest)
+                self.drain_until = now + seconds
             self._changed(now)
             return DOWN
         if verdict == SLOW:  # to be confirmed by answers not yet judged
@@ -293,6 +320,14 @@ class Controller:
             return FAST
         return None
 
+    def land(self, now: float) -> bool:
+        """Past an overrun's drain (``landing``), take the level after it, judged afresh; True if it did."""
+        if self.drain_until is None or now < self.drain_until:
+            return False
+        self.multiplier, self.drain_until = self.landing_multiplier, None
+        self._changed(now)
+        return True
+
     def _changed(self, now: float) -> None:
         """A new multiplier: only answers to requests made under it judge it."""
         self.changed_at = now
@@ -300,7 +335,7 @@ class Controller:
 
     def switch_off(self) -> None:
         """``adaptive_off:{source}``: the whole ceiling, and no slow start once switched back on."""
-        self.multiplier, self.slow_start = 1.0, False
+        self.multiplier, self.slow_start, self.drain_until = 1.0, False, None
 
     # --- kept in Redis (adaptive:{source}), so another monitor continues from here
     def saved(self, ceiling: float, enabled: bool, cap: float | None = None) -> dict[str, str]:
@@ -311,7 +346,9 @@ class Controller:
                   "enabled": int(enabled),
                   "baseline_ms": self.baseline_ms, "baseline_at": self.baseline_at,
                   "recent_ms": self.recent_ms,
-                  "changed_at": self.changed_at if self.changed_at > float("-inf") else None}
+                  "changed_at": self.changed_at if self.changed_at > float("-inf") else None,
+                  "drain_until": self.drain_until,
+                  "landing_multiplier": self.landing_multiplier if self.drain_until is not None else None}
         return {name: f"{value:.15g}" if isinstance(value, float) else str(value)
                 for name, value in fields.items() if value is not None}
 
@@ -330,6 +367,9 @@ class Controller:
         changed_at = values.get("changed_at")
         if changed_at is not None:  # the buckets already judged are not judged again
             controller.changed_at = changed_at
+        drain_until, landing_multiplier = values.get("drain_until"), values.get("landing_multiplier")
+        if drain_until is not None and landing_multiplier is not None and landing_multiplier > 0:
+            controller.drain_until, controller.landing_multiplier = drain_until, landing_multiplier
         return controller
 
 
@@ -428,6 +468,7 @@ class Adaptation:
                     observed.add(source)
                     self.controllers[source].observe(Reading(start, bins, overload), self._ceilings[source], now,
                                                      enabled=source not in self.disabled, cap=self._caps[source])
+        observed.update(source for source in sources if self.controllers[source].land(now))
         raw_open = iter(opened)
         fresh = {source: self._since_last_look(source, {start: next(raw_open) for start in open_buckets}, now)
                  for source in starting}

@@ -8,7 +8,7 @@ import pytest
 from common import contracts
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_SECONDS, bin_of, bucket_start, median_ms, parse_bucket
 from crawl_monitor.adaptive import (DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading, doubling_evidence,
-                                    slow_start_move, start_share)
+                                    landing, slow_start_move, start_share)
 from crawl_monitor.constants import ADAPTIVE_FLOOR_RPS, ADAPTIVE_READINGS_KEPT, ADAPTIVE_START_SHARE
 from crawl_monitor.regulator import Regulator
 from test.test_monitor_fakes import FakeAsyncRedis
@@ -283,8 +283,33 @@ def test_the_discovery_slow_start_doubles_only_on_enough_fresh_fast_answers(answ
     c = Controller()
     got = [c.observe_fresh(fresh(T0 + i, ms, n=n), 1, T0 + i + 1, 32) for i, (ms, n) in enumerate(answers)]
     assert got == verdicts
-    if verdicts[-1] == DOWN:
-        assert c.rate(1, 32) == pytest.approx(3.2) and not c.slow_start  # 6.4 halved
+    if verdicts[-1] == DOWN:  # 8 answers a second at 500 ms against 200: drained at half of that, then landed
+        assert c.rate(1, 32) == pytest.approx(4.0) and not c.slow_start
+        assert not c.land(T0 + len(answers) + 0.5) and c.land(T0 + len(answers) + 0.6)
+        assert c.rate(1, 32) == pytest.approx(6.4)  # 90% of 8 a second, but never above the rate that was slow
+
+
+@pytest.mark.parametrize("level, served, slow_ms, baseline_ms, lowest, expected", [
+    (19.9, 10.75, 1169, 200, 1.0, (5.375, 1.938, 9.675)),  # doubled past a 10.75 req/s site: a 1-s queue
+    (12.8, 10.75, 420, 200, 1.0, (5.375, 0.44, 9.675)),    # just past it: a short drain
+    (6.4, 8.0, 500, 200, 1.0, (4.0, 0.6, 6.4)),             # it served more than we sent: never above the level
+    (3.2, 0.5, 900, 300, 1.0, (1.0, 1.2, 1.0)),             # never below the floor
+    (0.4, 0.3, 800, 200, 0.025, (0.15, 1.2, 0.27)),         # below a catalog source's limit alike
+])
+def test_an_overrun_slow_start_drains_its_queue_then_lands_near_what_the_site_served(
+        level, served, slow_ms, baseline_ms, lowest, expected) -> None:
+    assert landing(level, served, slow_ms, baseline_ms, lowest) == pytest.approx(expected, abs=1e-3)
+
+
+def test_no_verdict_while_an_overrun_drains_and_a_fresh_one_after_it_lands() -> None:
+    c = Controller(multiplier=2.0, slow_start=False, baseline_ms=200, baseline_at=T0, drain_until=T0 + 3,
+                   landing_multiplier=9.0)
+    assert c.observe(reading(T0, 900), 1, T0 + 2, cap=32) == HOLD and c.rate(1, 32) == 2.0  # slow, but draining
+    assert c.observe(reading(T0 + 2, 200), 1, T0 + 4, cap=32) == WAIT  # landed: only later buckets judge it
+    assert c.rate(1, 32) == 9.0 and c.changed_at == T0 + 4
+    restored = Controller.restored(Controller(drain_until=T0 + 3, landing_multiplier=9.0, slow_start=False).saved(
+        1, True, 32))
+    assert (restored.drain_until, restored.landing_multiplier) == (T0 + 3, 9.0)
 
 
 @pytest.mark.parametrize("verdict, overload, slow_before, move", [
