@@ -76,6 +76,7 @@ class Settings:
     worker_metrics_port: int | None = None  # None: no /metrics; 0: a free port, logged
     shutdown_timeout: float = 30.0
     kafka_leave_group: bool = True
+    kafka_session_timeout_ms: int = 6000  # common.kafka.SESSION_TIMEOUT_MS: Apache Kafka's least by default
     body_budget_bytes: int = field(default_factory=lambda: default_body_budget())
     robots_cache_bytes: int = 64 << 20
     robots_unavailable_give_up: float = 24 * 3600.0
@@ -145,6 +146,8 @@ class Settings:
             worker_metrics_port=get("WORKER_METRICS_PORT", _in(int, 0, 65535), d.worker_metrics_port),
             shutdown_timeout=get("SHUTDOWN_TIMEOUT", _in(float, 0, 3600), d.shutdown_timeout),
             kafka_leave_group=get("KAFKA_LEAVE_GROUP", _bool, d.kafka_leave_group),
+            kafka_session_timeout_ms=get("KAFKA_SESSION_TIMEOUT_MS", _in(int, 1000, 300_000),
+                                         d.kafka_session_timeout_ms),
             body_budget_bytes=get("BODY_BUDGET_BYTES", _in(int, 1 << 20, 2**48), d.body_budget_bytes),
             robots_cache_bytes=get("ROBOTS_CACHE_BYTES", _in(int, 1 << 20, 2**40), d.robots_cache_bytes),
             robots_unavailable_give_up=get("ROBOTS_UNAVAILABLE_GIVE_UP", _in(float, 0, 365 * 86400),

@@ -192,11 +192,13 @@ def s3_server(data_dir: Path, port: int | None = None, bucket: str | None = None
                   env={"GOMAXPROCS": "1"}), endpoint
 
 
-# Workers on tansu 0.6 stop without a LeaveGroup (common.kafka.AsyncConsumer.close says why).
+# Workers on tansu 0.6 stop without a LeaveGroup (common.kafka.AsyncConsumer.close says why), and
+# a 2 s session makes their group join 1 s (tansu answers after half of it; docs/decisions.md).
 # A dev box runs a few workers: 32 partitions of urls are plenty, and cheaper for one broker
 # than the production default (README, "Sizing urls").
 DEV_URL_PARTITIONS = 32
-TANSU_WORKER_ENV = {"KAFKA_LEAVE_GROUP": "false", "URL_PARTITIONS": str(DEV_URL_PARTITIONS)}
+TANSU_WORKER_ENV = {"KAFKA_LEAVE_GROUP": "false", "KAFKA_SESSION_TIMEOUT_MS": "2000",
+                    "URL_PARTITIONS": str(DEV_URL_PARTITIONS)}
 
 TANSU_BUCKET = "tansu"
 DEV_CREDENTIALS = {"aws_access_key_id": "devstack", "aws_secret_access_key": "devstack",

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from common.kafka import SESSION_TIMEOUT_MS, consumer_config
 from common.settings import Settings, SettingsError
 
 
@@ -20,6 +21,14 @@ def test_defaults_match_the_spec() -> None:
     assert (s.robots_extra_tokens, s.content_usage_categories, s.x_robots_tag_opt_out) == (
         (), ("train-ai",), ("noai", "noimageai"))
     assert s.consent_tdmrep and s.consent_content_usage and s.consent_x_robots_tag
+    assert (s.kafka_leave_group, s.kafka_session_timeout_ms) == (True, SESSION_TIMEOUT_MS)
+
+
+@pytest.mark.parametrize("session_ms, heartbeat_ms", [(6000, 1000), (2000, 666), (1000, 333)])
+def test_a_consumer_heartbeats_thrice_a_session(session_ms: int, heartbeat_ms: int) -> None:
+    config = consumer_config("localhost:9092", "group", Settings.from_env(
+        {"KAFKA_SESSION_TIMEOUT_MS": str(session_ms)}).kafka_session_timeout_ms)
+    assert (config["session.timeout.ms"], config["heartbeat.interval.ms"]) == (session_ms, heartbeat_ms)
 
 
 @pytest.mark.parametrize("raw, parsed", [("", None), ("0/2", (0, 2)), (" 3/4 ", (3, 4))])
@@ -41,6 +50,7 @@ def test_consent_lists_are_parsed() -> None:
 
 @pytest.mark.parametrize("name,value", [
     ("MAX_TASKS", "many"), ("MAX_TASKS", "0"), ("TARGET_RESOLUTION", "-5"), ("MAX_RETRIES", "1.5"),
+    ("KAFKA_SESSION_TIMEOUT_MS", "500"),
     ("URL_PARTITIONS", "0"), ("MAX_QUEUED_URLS", "1"), ("REDIS_URL", "localhost:6379"), ("KAFKA_HOSTS", "localhost"),
     ("S3_ENDPOINT_URL", "s3.local"), ("CRAWL_ALLOW_PRIVATE_NETWORKS", "maybe"), ("CRAWL_USER_AGENT", "x"),
     ("ROBOTS_CACHE_BYTES", "1000"), ("ROBOTS_UNAVAILABLE_GIVE_UP", "-1"),

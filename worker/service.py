@@ -16,11 +16,11 @@ from common.contracts import EVENT_TASK_CRASHED, HALTED_GROUP, WAIT_GROUP, WORKE
 from common.jsonlog import log_event
 from common.redis_client import bounded_redis
 from common.process import exit_if_not_stopped_within
-from common.kafka import AsyncConsumer, AsyncProducer, consumer_config, producer_config
+from common.kafka import AsyncProducer, producer_config
 from common.settings import Settings
-from worker.constants import CONSUMER_EXTRA_CONFIG, REDIS_MAX_CONNECTIONS, STOP_MARGIN_SECONDS
+from worker.constants import REDIS_MAX_CONNECTIONS, STOP_MARGIN_SECONDS
 from worker.intake.feed import KafkaFeed
-from worker.intake.group_join import Joining, ensure_worker_topics, joined
+from worker.intake.group_join import Joining, ensure_worker_topics, joined, worker_consumer
 from worker.fetching.fetch import Fetcher
 from worker import metrics
 from worker.fetching.http_client import HttpClient
@@ -43,13 +43,13 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
     redis = bounded_redis(settings.redis_url, REDIS_MAX_CONNECTIONS)
     producer = AsyncProducer(producer_config(settings.kafka_hosts))
     if (early := await joined(joining)) is None:
-        consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
+        consumer = worker_consumer(settings, WORKER_GROUP)
         feed = KafkaFeed(consumer, WORKER_GROUP, settings.url_partition_share)
     else:
         consumer, feed = early
     # URLs waiting in Kafka come back through consumers of their own (worker.parking).
-    wait_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WAIT_GROUP, **CONSUMER_EXTRA_CONFIG))
-    halted_consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, HALTED_GROUP, **CONSUMER_EXTRA_CONFIG))
+    wait_consumer = worker_consumer(settings, WAIT_GROUP)
+    halted_consumer = worker_consumer(settings, HALTED_GROUP)
     pool = ImagePool()
     # Images straight into shared memory, and each site's robots.txt and tdmrep.json on the same connections.
     images = HttpClient(settings.crawl_user_agent,

@@ -1,7 +1,7 @@
 """Joining the workers' consumer group before the rest of the worker loads.
 
 A group join takes seconds whatever the worker does meanwhile: tansu answers a
-JoinGroup after half of ``session.timeout.ms`` (3 s), Apache Kafka after
+JoinGroup after half of ``session.timeout.ms`` (1 s on the local stack), Apache Kafka after
 ``group.initial.rebalance.delay.ms`` for a new group. Importing the image, HTTP
 and S3 libraries and starting the image pool took another ~1.5 s before the
 worker subscribed; begun first, on a thread of its own, the join runs while they
@@ -29,6 +29,12 @@ def ensure_worker_topics(settings: Settings) -> None:
     ensure_topics(settings.kafka_hosts, [*WAIT_TOPICS, HALTED_URLS_TOPIC], WAIT_TOPIC_PARTITIONS)
 
 
+def worker_consumer(settings: Settings, group: str) -> AsyncConsumer:
+    """A consumer of one of the workers' groups: their prefetch, and the stack's session length."""
+    return AsyncConsumer(consumer_config(settings.kafka_hosts, group, settings.kafka_session_timeout_ms,
+                                         **CONSUMER_EXTRA_CONFIG))
+
+
 def start_joining(settings: Settings) -> Joining:
     """The topics made and the urls consumer subscribed, on a thread: its result, or its error."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="joining")
@@ -39,7 +45,7 @@ def start_joining(settings: Settings) -> Joining:
 
 def _join(settings: Settings) -> tuple[AsyncConsumer, KafkaFeed]:
     ensure_worker_topics(settings)
-    consumer = AsyncConsumer(consumer_config(settings.kafka_hosts, WORKER_GROUP, **CONSUMER_EXTRA_CONFIG))
+    consumer = worker_consumer(settings, WORKER_GROUP)
     feed = KafkaFeed(consumer, WORKER_GROUP, settings.url_partition_share)
     asyncio.run(feed.subscribe([URLS_TOPIC]))  # the consumer's calls run on its own thread, whatever the loop
     return consumer, feed
