@@ -6,6 +6,7 @@ should see the cause in the first line, not in a traceback.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -73,6 +74,7 @@ class Settings:
     max_image_bytes: int = 50 * 1024 * 1024
     crawl_per_host_connections: int = 8
     monitor_port: int = 8090
+    listen_host: str = "0.0.0.0"  # the dashboard's and /metrics' address: every interface, for a fleet's scraper
     worker_metrics_port: int | None = None  # None: no /metrics; 0: a free port, logged
     shutdown_timeout: float = 30.0
     kafka_leave_group: bool = True
@@ -143,6 +145,7 @@ class Settings:
             crawl_per_host_connections=get(
                 "CRAWL_PER_HOST_CONNECTIONS", _in(int, 1, 1000), d.crawl_per_host_connections),
             monitor_port=get("MONITOR_PORT", _in(int, 0, 65535), d.monitor_port),
+            listen_host=get("LISTEN_HOST", _address, d.listen_host),
             worker_metrics_port=get("WORKER_METRICS_PORT", _in(int, 0, 65535), d.worker_metrics_port),
             shutdown_timeout=get("SHUTDOWN_TIMEOUT", _in(float, 0, 3600), d.shutdown_timeout),
             kafka_leave_group=get("KAFKA_LEAVE_GROUP", _bool, d.kafka_leave_group),
@@ -222,6 +225,11 @@ def _names(pattern: str, lower: bool = True) -> Callable[[str], tuple[str, ...]]
             raise ValueError(f"{bad[0]!r} is not a name of {pattern}")
         return names
     return parse
+
+
+def _address(raw: str) -> str:
+    """An IP address to listen on (``0.0.0.0``: every interface; ``127.0.0.1``: this machine only)."""
+    return str(ipaddress.ip_address(raw))
 
 
 def _bool(raw: str) -> bool:

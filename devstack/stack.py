@@ -8,6 +8,10 @@ from pathlib import Path
 from devstack.servers import DEV_CREDENTIALS, TANSU_WORKER_ENV, Server, kafka_server, redis_server, s3_server
 
 
+# The crawler's processes on a local stack: tansu's settings, and their HTTP on this machine only.
+LOCAL_ENV = {**TANSU_WORKER_ENV, "LISTEN_HOST": "127.0.0.1"}
+
+
 @dataclass(frozen=True)
 class StackAddresses:
     redis_url: str
@@ -16,9 +20,10 @@ class StackAddresses:
     s3_bucket: str
 
     def environment(self) -> dict[str, str]:
-        """The settings a monitor or worker needs to use this stack."""
+        """The settings a monitor or worker needs to use this stack; their dashboard and /metrics
+        listen on this machine only, as the stack's servers do."""
         if self.s3_endpoint_url is None:
-            return {"REDIS_URL": self.redis_url, "KAFKA_HOSTS": self.kafka_hosts, **TANSU_WORKER_ENV}
+            return {"REDIS_URL": self.redis_url, "KAFKA_HOSTS": self.kafka_hosts, **LOCAL_ENV}
         return {
             "REDIS_URL": self.redis_url,
             "KAFKA_HOSTS": self.kafka_hosts,
@@ -27,7 +32,7 @@ class StackAddresses:
             "AWS_ACCESS_KEY_ID": DEV_CREDENTIALS["aws_access_key_id"],
             "AWS_SECRET_ACCESS_KEY": DEV_CREDENTIALS["aws_secret_access_key"],
             "AWS_DEFAULT_REGION": DEV_CREDENTIALS["region_name"],
-            **TANSU_WORKER_ENV,
+            **LOCAL_ENV,
         }
 
 

@@ -22,8 +22,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devstack.servers import (DEV_CREDENTIALS, TANSU_WORKER_ENV, create_bucket,  # noqa: E402
+from devstack.servers import (DEV_CREDENTIALS, create_bucket,  # noqa: E402
                               kafka_server, redis_server, s3_server)
+from devstack.stack import LOCAL_ENV  # noqa: E402
 
 BUCKET = "cc-image-analysis"
 
@@ -118,7 +119,7 @@ def unique() -> str:
 def stack_env(redis_url: str, kafka_hosts: str, s3_endpoint: str) -> dict[str, str]:
     """Environment for a monitor or worker subprocess on the test servers."""
     return {
-        **TANSU_WORKER_ENV,  # an external Kafka's setting, if given, wins
+        **LOCAL_ENV,  # the local stack's settings; an external Kafka's, if given, win
         **os.environ,
         "REDIS_URL": redis_url,
         "KAFKA_HOSTS": kafka_hosts,

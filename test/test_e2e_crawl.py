@@ -165,11 +165,13 @@ def scrape(url: str) -> str:
 def assert_metrics_mid_crawl(cluster) -> None:
     """Both /metrics endpoints as Prometheus scrapes them mid-crawl: promtool has no warning,
     the monitor has each source's limit and granted rate, and a worker shows its tasks,
-    partitions, rebalance and downloads."""
+    partitions, rebalance and downloads. On the local stack both listen on this machine only."""
     started = time.monotonic()
-    ports = {child.name: child.logged(event, 30)["port"]  # each on a free port of its own
-             for child, event in ((cluster.children[0], EVENT_HTTP_API_STARTED),
-                                  (cluster.children[1], EVENT_WORKER_METRICS_STARTED))}
+    started_events = {child.name: child.logged(event, 30)  # each on a free port of its own
+                      for child, event in ((cluster.children[0], EVENT_HTTP_API_STARTED),
+                                           (cluster.children[1], EVENT_WORKER_METRICS_STARTED))}
+    assert {event["host"] for event in started_events.values()} == {"127.0.0.1"}
+    ports = {name: event["port"] for name, event in started_events.items()}
     monitor = scrape(f"http://127.0.0.1:{ports['monitor']}/metrics")
     check_metrics(monitor)
     assert "crawler_source_limit_requests_per_second{" in monitor

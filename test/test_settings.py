@@ -8,6 +8,7 @@ import pytest
 
 from common.kafka import SESSION_TIMEOUT_MS, consumer_config
 from common.settings import Settings, SettingsError
+from devstack.stack import StackAddresses
 
 
 def test_defaults_match_the_spec() -> None:
@@ -22,6 +23,17 @@ def test_defaults_match_the_spec() -> None:
         (), ("train-ai",), ("noai", "noimageai"))
     assert s.consent_tdmrep and s.consent_content_usage and s.consent_x_robots_tag
     assert (s.kafka_leave_group, s.kafka_session_timeout_ms) == (True, SESSION_TIMEOUT_MS)
+    assert s.listen_host == "0.0.0.0"  # a fleet's scraper reaches the dashboard and /metrics
+
+
+@pytest.mark.parametrize("raw, parsed", [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("0.0.0.0", "0.0.0.0")])
+def test_listen_host_is_an_address(raw: str, parsed: str) -> None:
+    assert Settings.from_env({"LISTEN_HOST": raw}).listen_host == parsed
+
+
+def test_the_local_stack_listens_on_this_machine_only() -> None:
+    addresses = StackAddresses("redis://127.0.0.1:1/0", "127.0.0.1:2", None, "bucket")
+    assert Settings.from_env(addresses.environment()).listen_host == "127.0.0.1"
 
 
 @pytest.mark.parametrize("session_ms, heartbeat_ms", [(6000, 1000), (2000, 666), (1000, 333)])
@@ -50,7 +62,7 @@ def test_consent_lists_are_parsed() -> None:
 
 @pytest.mark.parametrize("name,value", [
     ("MAX_TASKS", "many"), ("MAX_TASKS", "0"), ("TARGET_RESOLUTION", "-5"), ("MAX_RETRIES", "1.5"),
-    ("KAFKA_SESSION_TIMEOUT_MS", "500"),
+    ("KAFKA_SESSION_TIMEOUT_MS", "500"), ("LISTEN_HOST", "localhost"), ("LISTEN_HOST", "10.0.0.300"),
     ("URL_PARTITIONS", "0"), ("MAX_QUEUED_URLS", "1"), ("REDIS_URL", "localhost:6379"), ("KAFKA_HOSTS", "localhost"),
     ("S3_ENDPOINT_URL", "s3.local"), ("CRAWL_ALLOW_PRIVATE_NETWORKS", "maybe"), ("CRAWL_USER_AGENT", "x"),
     ("ROBOTS_CACHE_BYTES", "1000"), ("ROBOTS_UNAVAILABLE_GIVE_UP", "-1"),

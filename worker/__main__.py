@@ -18,7 +18,7 @@ def main() -> None:
     settings = load_settings()
     _raise_open_files_limit()
     # First: a port that cannot be had stops the worker before it joins the group.
-    metrics_server = (metrics.MetricsServer(settings.worker_metrics_port)
+    metrics_server = (metrics.MetricsServer(settings.worker_metrics_port, settings.listen_host)
                       if settings.worker_metrics_port is not None else None)
     joining = start_joining(settings)
     from worker.service import run  # the image, HTTP and S3 libraries load while the group forms
