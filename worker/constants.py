@@ -80,6 +80,7 @@ TOKEN_POLL_MAX = 0.25              # ... and at the slowest (else 1/rate)
 TOKEN_PEEK_INTERVAL = 0.01         # seconds between the waiting sources' shared MGETs
 ACTIVE_HEARTBEAT_SECONDS = 2.0     # a waiting source is scored in waiting_sources this often
 TOKENS_FORGET_SECONDS = 120.0      # a source no task asked tokens for in this long is forgotten
+TOKENS_FORGET_CHECK_SECONDS = 10.0  # ... checked this often (docs/decisions.md, "Fleet scale")
 PACE_CATCH_UP_SECONDS = 0.05       # how far ahead of its even slot a request may go (a late worker catches up)
 SEND_WINDOW_SECONDS = 1.05         # floor(rate) + 1 sends of a source at least this far apart
 SEND_LOG_MAX = 1000                # sends logged at most (higher rates held over a shorter window)
@@ -128,6 +129,7 @@ S3_PUT_TIMEOUT = 60.0              # seconds for one thumbnail upload; a failed 
 S3_MAX_ANSWER_BYTES = 64 << 10     # a longer answer to a PUT (S3's are empty or a short error) is an outage
 STATS_TRIM_INTERVAL = 1.0          # seconds between trims of a source's status windows (docs/decisions.md)
 STATS_FORGET_SECONDS = 60.0        # a source without an outcome this long is forgotten by the worker's stats
+STATS_FORGET_CHECK_SECONDS = 5.0   # ... checked this often (docs/decisions.md, "Fleet scale")
 
 # --- The process (worker/service.py, worker/__main__.py, worker/metrics.py) ----------------
 REDIS_MAX_CONNECTIONS = 32         # Redis connections per worker; a call past them waits for one

@@ -59,7 +59,8 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from common.contracts import EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_TOKENS_FORFEITED
 from common.contracts import (WAITING_SOURCES, allowed_per_second, rate_limit_key, send_pace_key, sent_log_key,
@@ -68,7 +69,8 @@ from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from common.redis_values import non_negative
 from worker.constants import (ACTIVE_HEARTBEAT_SECONDS, ARRIVAL_JITTER_SECONDS, FORFEIT_REPORT_SECONDS,
-                              PACE_CATCH_UP_SECONDS, SEND_LOG_MAX, TOKENS_FORGET_SECONDS,
+                              PACE_CATCH_UP_SECONDS, SEND_LOG_MAX, TOKENS_FORGET_CHECK_SECONDS,
+                              TOKENS_FORGET_SECONDS,
                               SEND_WINDOW_SECONDS, STALE_TOKEN_SECONDS, TOKEN_ANSWER_SMOOTHING,
                               TOKEN_PEEK_INTERVAL, TOKEN_POLL_MAX, TOKEN_POLL_MIN, TOKEN_TURN_RATE)
 from worker.monitor_view import MonitorView
@@ -151,6 +153,27 @@ def tolerated_lateness(rate: float | None) -> float:
     return max(STALE_TOKEN_SECONDS, max(window_for(rate), paced) - 1.0 - ARRIVAL_JITTER_SECONDS)
 
 
+@dataclass(eq=False, slots=True)
+class _Source:
+    """What a worker keeps of a source it asked tokens for: one slotted record a source, as a worker
+    meets ~170 sources a second at 100,000 one-URL sites (docs/decisions.md, "Fleet scale")."""
+    turns: tuple[asyncio.Lock, ...] = ()  # its turns
+    next_turn: int = -1        # the turn handed out last
+    next_send: float = 0.0     # monotonic time its next token may be spent (>= when one was last asked for)
+    last_rate: float | None = None  # the last positive rate it was paced by
+    stocked: bool = False      # its last DECR left tokens: no need to peek
+
+    def idle_since(self, before: float) -> bool:
+        """No task holds or waits for a turn of it, and no token was asked for or due since ``before``."""
+        return self.next_send < before and not any(turn.locked() for turn in self.turns)
+
+
+def forgettable(sources: Mapping[str, _Source], now: float) -> list[str]:
+    """The sources no task has asked tokens for in TOKENS_FORGET_SECONDS."""
+    before = now - TOKENS_FORGET_SECONDS
+    return [name for name, kept in sources.items() if kept.idle_since(before)]
+
+
 class TokenBuckets:
     def __init__(self, redis: AsyncRedis, view: MonitorView | None = None):
         """``view``: the monitor's decisions, for the rates polls are paced by and the halts that
@@ -158,13 +181,9 @@ class TokenBuckets:
         self._redis = redis
         self._paced_decr = redis.register_script(PACED_DECR)
         self._view = view or MonitorView()
-        self._last_rate: dict[str, float] = {}
-        self._turns: dict[str, list[asyncio.Lock]] = {}  # source -> its turns
-        self._next_turn: dict[str, int] = {}  # source -> the turn handed out last
+        self._sources: dict[str, _Source] = {}  # source -> what is kept of it until it is idle
         self._closed = False
         self._sleepers: set[asyncio.Future] = set()
-        self._next_send: dict[str, float] = {}  # source -> monotonic time its next token may be spent
-        self._stocked: set[str] = set()  # sources whose last DECR left tokens: no need to peek
         self._fastest_answer: float | None = None  # a low quantile of the script's answer time, s
         self._peeks: dict[str, asyncio.Future] = {}  # source -> its bucket's value, at the next MGET
         self._peeking: asyncio.Future | None = None  # the task running MGETs while any peek waits
@@ -173,55 +192,57 @@ class TokenBuckets:
         self._latest = 0.0  # seconds past its deadline, the latest request forfeited since the last report
         self._forfeits_reported_at = float("-inf")
         self._marked: dict[str, float] = {}  # source -> when it was last scored as waiting (wall clock)
-        self._used_at: dict[str, float] = {}  # source -> when a token was last asked for (monotonic)
         self._next_forget = 0.0
         self._next_mark_prune = 0.0
 
     def remembered_sources(self) -> set[str]:
         """The sources anything is kept for (turns, pace, rate, last use); idle ones are forgotten."""
-        return (set(self._turns) | set(self._next_turn) | set(self._next_send) | set(self._last_rate)
-                | set(self._used_at) | self._stocked)
+        return set(self._sources)
+
+    def _kept(self, source: str) -> _Source:
+        kept = self._sources.get(source)
+        if kept is None:
+            kept = self._sources[source] = _Source()
+        return kept
 
     def turn(self, source: str) -> asyncio.Lock:
         """A turn of ``source``, held while a task waits for its token: one poller per turn, and
         one turn per TOKEN_TURN_RATE req/s of its rate (as known now), taken in rotation."""
         self._forget_idle()
-        turns = self._turns.setdefault(source, [])
-        wanted = max(1, math.ceil((self._pacing_rate(source) or 0.0) / TOKEN_TURN_RATE))
-        while len(turns) < wanted:
-            turns.append(asyncio.Lock())
-        self._next_turn[source] = (self._next_turn.get(source, -1) + 1) % wanted
-        return turns[self._next_turn[source]]
+        kept = self._kept(source)
+        wanted = max(1, math.ceil((self._pacing_rate(source, kept) or 0.0) / TOKEN_TURN_RATE))
+        if len(kept.turns) < wanted:
+            kept.turns += tuple(asyncio.Lock() for _ in range(wanted - len(kept.turns)))
+        kept.next_turn = (kept.next_turn + 1) % wanted
+        return kept.turns[kept.next_turn]
 
     def _forget_idle(self) -> None:
         """Drop what is kept for sources no task has waited for lately: a worker crawling
-        100,000 sites a day must not keep a lock, a pace and a rate for each. A
-        forgotten source starts afresh: its rate is read again at its next token, and its pace
-        and send log are in Redis."""
+        100,000 sites a day must not keep a lock, a pace and a rate for each. Checked every
+        TOKENS_FORGET_CHECK_SECONDS, so a source is kept TOKENS_FORGET_SECONDS after its last use
+        and little more. A forgotten source starts afresh: its rate is read again at its next
+        token, and its pace and send log are in Redis."""
         now = time.monotonic()
         if now < self._next_forget:
             return
-        self._next_forget = now + TOKENS_FORGET_SECONDS
-        idle = [source for source in set(self._turns) | set(self._next_send) | set(self._last_rate)
-                if not any(turn.locked() for turn in self._turns.get(source, ()))
-                and self._next_send.get(source, 0.0) < now - TOKENS_FORGET_SECONDS
-                and self._used_at.get(source, 0.0) < now - TOKENS_FORGET_SECONDS]
-        for source in idle:
-            for kept in (self._turns, self._next_turn, self._next_send, self._last_rate, self._used_at):
-                kept.pop(source, None)
-            self._stocked.discard(source)
+        self._next_forget = now + TOKENS_FORGET_CHECK_SECONDS
+        for source in forgettable(self._sources, now):
+            del self._sources[source]
 
     async def until_available(self, source: str) -> float:
         """Wait until the bucket of ``source`` holds a token (without taking it); returns the seconds waited."""
         started = time.monotonic()
-        await self._sleep(self._next_send.get(source, 0.0) - started)
+        kept = self._sources.get(source)
+        await self._sleep((kept.next_send if kept else 0.0) - started)
         while True:
             if self._closed:
                 raise ShuttingDown(source)
             if source in self._view.stopped:
                 raise SourceHalted(source)
-            if source in self._stocked or _count(await self._peek(source)) > 0:
-                self._stocked.discard(source)
+            kept = self._sources.get(source)
+            if (kept is not None and kept.stocked) or _count(await self._peek(source)) > 0:
+                if (kept := self._sources.get(source)) is not None:
+                    kept.stocked = False
                 return time.monotonic() - started
             await self._sleep(self._poll_interval(source))
 
@@ -285,27 +306,28 @@ class TokenBuckets:
         pipe.zadd(WAITING_SOURCES, due, gt=True)
         await pipe.execute()
 
-    def _pacing_rate(self, source: str) -> float | None:
+    def _pacing_rate(self, source: str, kept: _Source) -> float | None:
         """The rate to space requests by. While a source is paused or halted the monitor
         publishes 0; when the pause ends the bucket refills before this worker's view of
         the rate does, so pacing keeps the last positive rate instead of switching off."""
         rate = self._view.rate(source)
         if rate:
-            self._last_rate[source] = rate
+            kept.last_rate = rate
             return rate
-        return self._last_rate.get(source)
+        return kept.last_rate
 
     async def take(self, source: str) -> float | None:
         """Claim the source's send turn, spend one token and count the request: the monotonic time
         by which the request must be written if it may go now (else ``forfeit`` it), or None."""
-        rate = self._pacing_rate(source)
+        kept = self._kept(source)
+        rate = self._pacing_rate(source, kept)
         if rate is None:
             # New to this worker, whose view of the rates is refreshed every few seconds: the
             # monitor publishes the rate with the first tokens, so read it rather than send
             # unpaced (a source is granted tokens once a worker waits for them).
             rate = non_negative(await self._redis.get(rate_limit_key(source))) or None
             if rate is not None:
-                self._last_rate[source] = rate
+                self._kept(source).last_rate = rate
         # Unknown rate: the bucket alone decides (the monitor publishes the rate with the bucket).
         interval, length, window = (1.0 / rate, send_log_length(rate), window_for(rate)) if rate else (0.0, 0, 0.0)
         asked = time.monotonic()
@@ -317,10 +339,10 @@ class TokenBuckets:
         # The grant as the monitor wrote it this second: the next request is paced by it, not by
         # the view's read of up to REFRESH_INTERVAL ago (a doubled grant was sent at the old pace).
         self._view.saw_rate(source, non_negative(granted))
-        self._next_send[source] = answered + float(wait)
-        self._used_at[source] = answered
+        kept = self._kept(source)  # anew: forgotten meanwhile if idle and no turn held
+        kept.next_send = answered + float(wait)
         if left > 0:
-            self._stocked.add(source)
+            kept.stocked = True
         if paced or left < 0:
             return None
         send_by = asked + self._allowed_delay(answered - asked, tolerated_lateness(rate))

@@ -51,7 +51,7 @@ from common.jsonlog import log_event
 from common.protocols import AsyncRedis
 from common.response_times import OVERLOAD_FIELD, RESPONSE_BUCKET_TTL_SECONDS, bin_of, bucket_start
 from common.statuses import is_expected, is_overload
-from worker.constants import STATS_FORGET_SECONDS, STATS_TRIM_INTERVAL
+from worker.constants import STATS_FORGET_CHECK_SECONDS, STATS_FORGET_SECONDS, STATS_TRIM_INTERVAL
 
 
 # KEYS: active_sources, the minute window, the last 50, the response bucket, urls_ended, the
@@ -144,10 +144,11 @@ class Stats:
     def _forget_quiet(self, now: float) -> None:
         """Drop what these dicts hold for sources without an outcome lately: a day's crawl of
         millions of sites must not keep an entry per site. A forgotten source's next outcome
-        trims and sets its expiries again, which is what it would do anyway."""
+        trims and sets its expiries again, which is what it would do anyway. Checked every
+        STATS_FORGET_CHECK_SECONDS, so a source is kept STATS_FORGET_SECONDS and little more."""
         if now < self._next_forget:
             return
-        self._next_forget = now + STATS_FORGET_SECONDS
+        self._next_forget = now + STATS_FORGET_CHECK_SECONDS
         self._next_trim = {s: at for s, at in self._next_trim.items() if at > now - STATS_FORGET_SECONDS}
         self._expiring = {s: start for s, start in self._expiring.items() if start > now - STATS_FORGET_SECONDS}
 
