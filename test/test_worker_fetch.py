@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from common.contracts import rate_limit_key, sent_log_key, source_requests_key, tokens_key
+from common.contracts import rate_limit_key, send_pace_key, sent_log_key, source_requests_key, tokens_key
 from test.worker_fakes import AllowAllGate, FakeRedis, LoopbackResolver
 from worker.fetching.fetch import FetchError, Fetcher
 from worker.fetching.http_client import HttpClient
@@ -21,7 +21,8 @@ from worker.politeness.consent import ResponseConsent
 from worker.politeness.addresses import GuardedResolver
 from common.contracts import allowed_per_second
 from demo.simweb import busiest_second
-from worker.constants import PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_PEEK_INTERVAL, TOKEN_TURN_RATE
+from worker.constants import (PACE_CATCH_UP_SECONDS, STALE_TOKEN_SECONDS, TOKEN_PEEK_INTERVAL, TOKEN_TURN_RATE,
+                              TOKENS_FORGET_CHECK_SECONDS, TOKENS_FORGET_SECONDS)
 from worker.fetching.tokens import PACED_DECR, ShuttingDown, TokenBuckets
 from worker.monitor_view import MonitorView
 
@@ -596,3 +597,38 @@ async def test_a_waiting_source_is_marked_active_and_idle_ones_are_forgotten(mon
     tokens.turn("busy")
     monkeypatch.undo()  # time.monotonic is the event loop's clock too
     assert tokens.remembered_sources() == {"busy"}
+
+
+@pytest.mark.parametrize("checks, held, paced", [
+    ((TOKENS_FORGET_SECONDS - 1,), False, True),     # paused less than the window: still paced by its last rate
+    ((TOKENS_FORGET_SECONDS - 1, TOKENS_FORGET_SECONDS + TOKENS_FORGET_CHECK_SECONDS), False, False),
+    ((TOKENS_FORGET_SECONDS - 1, TOKENS_FORGET_SECONDS + 1), False, True),  # the next check is not due yet
+    ((TOKENS_FORGET_SECONDS + 1,), False, False),    # idle past the window: starts afresh
+    ((TOKENS_FORGET_SECONDS + TOKENS_FORGET_CHECK_SECONDS,), True, True),  # a task holds its turn
+])
+async def test_a_paused_source_is_paced_for_the_whole_window_and_forgotten_soon_after(
+        monkeypatch, checks, held, paced) -> None:
+    """A source is forgotten TOKENS_FORGET_SECONDS after its last token (not before: its last rate
+    paces its first request once a pause ends), at a check made every TOKENS_FORGET_CHECK_SECONDS
+    (``checks``: seconds after its last token that other sources' turns were asked for)."""
+    from worker.fetching import tokens as tokens_module
+    redis = FakeRedis()
+    await redis.set(tokens_key(SOURCE), 1000)
+    view = MonitorView({SOURCE: 10.0})
+    tokens = TokenBuckets(redis, view)
+    turn = tokens.turn(SOURCE)
+    await turn.acquire()
+    assert await tokens.take(SOURCE)
+    if not held:
+        turn.release()
+    view.decide(rates={SOURCE: 0.0})  # paused: the monitor publishes 0, and no rate_limit key
+    last_token = time.monotonic()
+    for n, after in enumerate(checks):
+        monkeypatch.setattr(tokens_module.time, "monotonic", lambda after=after: last_token + after)
+        tokens.turn(f"other-{n}")
+        monkeypatch.undo()  # time.monotonic is the event loop's clock too
+    assert (SOURCE in tokens.remembered_sources()) is paced
+    for key in (send_pace_key(SOURCE), sent_log_key(SOURCE)):
+        redis.store.pop(key, None)
+    assert await tokens.take(SOURCE)
+    assert bool(redis.store.get(sent_log_key(SOURCE))) is paced  # logged only when its rate is known
