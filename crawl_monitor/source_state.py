@@ -19,7 +19,7 @@ from common.contracts import (ADAPTIVE_CEILING_FIELD, ADAPTIVE_LIMIT_FIELD, adap
 from common.redis_values import as_text, count, finite_number
 from common.source_sets import read_source_sets, stopped_among
 from crawl_monitor.active_sources import Rereads, wanting_scores, wanting_since
-from crawl_monitor.batched_keys import BatchedKeys
+from crawl_monitor.batched_keys import KEYS_BATCH, BatchedKeys
 from crawl_monitor.constants import SHOWN_RECENT_SECONDS
 
 
@@ -153,7 +153,8 @@ class ChartReads:
     every shown source is read each
     ACTIVE_SOURCES_FULL_READ_SECONDS, and between, only those ``Rereads`` names (two MGETs), a new
     one added. A quiet source keeps its last state until the next full read, so its expiring rate
-    shows up to a minute late."""
+    shows up to a minute late. A read asks KEYS_BATCH sources at a time, so the monitor's loop
+    (the buckets' refill) runs between them (docs/decisions.md, "Fleet scale")."""
 
     def __init__(self, redis: Redis, clock: Callable[[], float] = time.time):
         self._redis = redis
@@ -167,13 +168,14 @@ class ChartReads:
         due = await self._rereads.due(self._redis)
         names = await shown_sources(self._redis, self._clock()) if due is None else sorted(due)
         read: dict[str, SourceState] = {}
-        if names:
+        for start in range(0, len(names), KEYS_BATCH):
+            batch = names[start:start + KEYS_BATCH]
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.mget([source_requests_key(source) for source in names])
-                pipe.mget([rate_limit_key(source) for source in names])
+                pipe.mget([source_requests_key(source) for source in batch])
+                pipe.mget([rate_limit_key(source) for source in batch])
                 requests, rates = await pipe.execute()
-            read = {source: SourceState(requests=count(sent), rate_limit=finite_number(rate))
-                    for source, sent, rate in zip(names, requests, rates, strict=True)}
+            read.update((source, SourceState(requests=count(sent), rate_limit=finite_number(rate)))
+                        for source, sent, rate in zip(batch, requests, rates, strict=True))
         if due is None:
             self.states = read
             return None

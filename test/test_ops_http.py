@@ -296,6 +296,49 @@ async def test_the_chart_rereads_the_active_sources_each_sample_and_the_quiet_on
     assert await chart.sample() is None and chart.states == {}  # nothing shown any more: nothing kept
 
 
+async def test_a_full_chart_read_asks_a_batch_of_sources_at_a_time(redis_client) -> None:
+    """A full read of many sources goes to Redis in batches, each awaited: the monitor's loop, which
+    refills the buckets, runs between them rather than waiting for the whole read."""
+    from crawl_monitor.batched_keys import KEYS_BATCH
+    from crawl_monitor.source_state import ChartReads
+    now = time.time()
+    sources = [f"many{i:05d}" for i in range(2 * KEYS_BATCH + 7)]
+    async with redis_client.pipeline(transaction=False) as pipe:
+        pipe.zadd(c.ACTIVE_SOURCES, {source: now for source in sources})
+        pipe.mset({c.source_requests_key(source): i for i, source in enumerate(sources)})
+        await pipe.execute()
+    asked: list[int] = []
+
+    class Counted:  # the client, counting the keys of each MGET the reader's pipelines ask
+        def __init__(self, pipe):
+            self._pipe = pipe
+
+        def mget(self, keys):
+            asked.append(len(keys))
+            return self._pipe.mget(keys)
+
+        def __getattr__(self, name):
+            return getattr(self._pipe, name)
+
+        async def __aenter__(self):
+            return Counted(await self._pipe.__aenter__())
+
+        async def __aexit__(self, *exc):
+            return await self._pipe.__aexit__(*exc)
+
+    class Client:
+        def pipeline(self, **kwargs):
+            return Counted(redis_client.pipeline(**kwargs))
+
+        def __getattr__(self, name):
+            return getattr(redis_client, name)
+
+    chart = ChartReads(Client(), clock=lambda: now)  # type: ignore[arg-type]
+    assert await chart.sample() is None
+    assert max(asked) == KEYS_BATCH and sum(asked) == 2 * len(sources)  # requests and rates
+    assert all(chart.states[source].requests == i for i, source in enumerate(sources))
+
+
 def test_history_of_the_sources_read_counts_the_others_as_unmoved() -> None:
     """Given the sources read this sample, every other shown source's rate is 0 (its count has not
     moved), in the sum, the series and its achieved rate, as if it had been read."""
