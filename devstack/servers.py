@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,10 +29,30 @@ class ServerFailed(RuntimeError):
     """A server did not start or answer; the message says which and where its log is."""
 
 
+LISTEN_PORTS_LOWEST = 10_000  # the servers' ports are drawn from here up to the outgoing connections' range
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now, below the kernel's range for outgoing connections: one the kernel hands out
+    (bind to 0) may be taken by an outgoing connection before the server binds it."""
+    outgoing = _outgoing_ports()
+    for _ in range(100):
+        port = random.randrange(LISTEN_PORTS_LOWEST, outgoing) if outgoing > LISTEN_PORTS_LOWEST else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise OSError("no free port to listen on")
+
+
+def _outgoing_ports() -> int:
+    """The lowest port of the kernel's range for outgoing connections (0 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @dataclass

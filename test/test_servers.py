@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, Producer
 from aiobotocore.session import get_session
 
 from common.kafka import consumer_config, producer_config
-from devstack.servers import DEV_CREDENTIALS
+from devstack.servers import DEV_CREDENTIALS, LISTEN_PORTS_LOWEST, free_port
 from test.conftest import BUCKET
 
 
@@ -60,3 +60,10 @@ async def test_s3_put_get_list(s3_endpoint: str, unique: str) -> None:
             assert await body.read() == b"\xff\xd8thumb"
         listing = await s3.list_objects_v2(Bucket=BUCKET, Prefix=unique)
         assert [obj["Key"] for obj in listing["Contents"]] == [key]
+
+
+def test_the_servers_ports_are_below_the_range_of_outgoing_connections() -> None:
+    """An outgoing connection cannot take a server's port between its choice and the server's bind."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = {free_port() for _ in range(50)}
+    assert all(LISTEN_PORTS_LOWEST <= port < low for port in ports) and len(ports) > 40
