@@ -137,7 +137,7 @@ async def _start_dashboard(settings: Settings, redis: aioredis.Redis,
     """The dashboard is for watching, the regulator is what keeps sites safe:
     a taken port is reported and the monitor carries on without the dashboard."""
     try:
-        return await start_http_api(settings, redis, lambda: monitoring.latest, host=settings.listen_host)
+        return await start_http_api(settings, redis, lambda: monitoring.latest)
     except OSError as exc:
         log_event(EVENT_HTTP_API_ERROR, port=settings.monitor_port,
                   error=f"dashboard not started: {exc}")

@@ -13,10 +13,11 @@ Wiring it into the monitor's main::
     finally:
         await runner.cleanup()   # stops the server and the sampler
 
-``start_http_api(settings_or_port, redis, latest_update, *, host="0.0.0.0",
+``start_http_api(settings_or_port, redis, latest_update, *, host=None,
 sample_every=5.0) -> aiohttp.web.AppRunner``. ``settings_or_port`` is a
-``Settings`` (its ``monitor_port``, MONITOR_PORT) or a port number (0 picks a
-free port: read it from ``runner.addresses[0][1]``). ``redis`` is a
+``Settings`` (its ``monitor_port``, MONITOR_PORT, on its ``listen_host``,
+LISTEN_HOST) or a port number (0 picks a free port: read it from
+``runner.addresses[0][1]``) on ``host`` (every interface if None). ``redis`` is a
 ``redis.asyncio`` client, with or without ``decode_responses``.
 ``latest_update`` takes no argument and returns the latest
 ``monitoring_update`` dict (SPEC.md §4) or None before the first one.
@@ -317,9 +318,12 @@ def make_app(redis: Redis, latest_update: UpdateGetter, sample_every: float = SA
 
 
 async def start_http_api(settings_or_port: Settings | int, redis: Redis, latest_update: UpdateGetter,
-                         *, host: str = "0.0.0.0", sample_every: float = SAMPLE_SECONDS) -> web.AppRunner:
+                         *, host: str | None = None, sample_every: float = SAMPLE_SECONDS) -> web.AppRunner:
     """Serve until ``await runner.cleanup()``; see the module docstring."""
-    port = settings_or_port if isinstance(settings_or_port, int) else settings_or_port.monitor_port
+    if isinstance(settings_or_port, int):
+        port, host = settings_or_port, host or Settings.listen_host
+    else:
+        port, host = settings_or_port.monitor_port, settings_or_port.listen_host
     # A dashboard needs no long goodbye: in-flight requests get 2 s, not aiohttp's 60.
     runner = web.AppRunner(make_app(redis, latest_update, sample_every), access_log=None,
                            shutdown_timeout=2.0)

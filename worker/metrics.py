@@ -226,9 +226,10 @@ async def sample_forever(load: Callable[[], SchedulerLoad], body_bytes_held: Cal
 
 # --- the server -----------------------------------------------------------------
 class MetricsServer:
-    """``/metrics`` on its own thread; ``port`` 0 takes a free port (``self.port`` says which)."""
+    """``/metrics`` on its own thread at ``host`` (LISTEN_HOST); ``port`` 0 takes a free port
+    (``self.port`` says which)."""
 
-    def __init__(self, port: int, host: str = "0.0.0.0"):
+    def __init__(self, port: int, host: str):
         try:
             self._server, self._thread = start_http_server(port, host, REGISTRY)
         except OSError as exc:  # one line, as for a bad setting: the port is taken, say
