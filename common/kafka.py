@@ -23,12 +23,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from common.contracts import EVENT_KAFKA_CLIENT_ERROR
 from common.jsonlog import log_event
 from common.offset_gaps import OffsetGaps, consume_whole
+from common.settings import Settings
 
 T = TypeVar("T")
 
-# The least Apache Kafka accepts by default (group.min.session.timeout.ms). tansu answers a
-# JoinGroup after half of it, so the local stack sets less (KAFKA_SESSION_TIMEOUT_MS; docs/decisions.md).
-SESSION_TIMEOUT_MS = 6000
+SESSION_TIMEOUT_MS = Settings.kafka_session_timeout_ms  # a consumer group's session, when no setting is given
 CLIENT_LOG_INTERVAL = 10.0  # seconds between two kafka_client_error events of one kind
 TOPIC_CREATE_TIMEOUT = 15.0  # seconds for one CreateTopics request
 
