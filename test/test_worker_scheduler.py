@@ -28,6 +28,7 @@ from worker.scheduling import sizing
 from worker.scheduling.lanes import Job, Lane, Lanes, starters
 from worker.scheduling.scheduler import Running, Scheduler
 from worker.fetching.tokens import TokenBuckets
+from worker.imaging import turns
 
 pytestmark = pytest.mark.paced  # runs by itself, after the rest (pytest.ini)
 
@@ -574,6 +575,34 @@ def test_a_queue_drains_at_its_pace_or_twice_what_it_achieves_here(pace, achieve
     (2.0, 20.0, 20.0), (2.0, None, 2.0), (None, None, 0.0), (30.0, 20.0, 30.0)])
 def test_a_source_is_paced_by_its_grant_or_its_limit_while_it_slow_starts(rate, limit, pace) -> None:
     assert sizing.pace(rate, limit) == pace
+
+
+@pytest.mark.parametrize("queued, pace, seconds", [
+    (130, 32.0, 130 / 32),  # a big site's queue: seconds of it at its pace
+    (0, 32.0, 0.0),         # a one-URL site, its URL running: nothing behind it
+    (1, 0.5, 2.0),          # a slow site's next URL
+    (5000, 10.0, 10.0),     # at most HEAD_START_MAX_SECONDS
+    (50, 0.0, 0.0),         # not rated yet
+])
+def test_a_sources_images_go_ahead_by_the_seconds_its_queue_needs(queued, pace, seconds) -> None:
+    assert sizing.head_start(queued, pace) == pytest.approx(seconds)
+
+
+async def test_a_task_sees_its_own_sources_head_start() -> None:
+    """What the pool is told when a task's image is ready: its source's queue here at its pace."""
+    seen: dict[str, list[float]] = {}
+
+    async def handle(request: CrawlRequest) -> float:
+        await asyncio.sleep(0.05)
+        seen.setdefault(request.source, []).append(turns.head_start())
+        return 0.05
+
+    ones = {f"one{i}": 10.0 for i in range(20)}
+    feed = FakeFeed(records("big", 100) + [r for n, s in enumerate(ones) for r in records(s, 1, partition=1 + n)])
+    scheduler = make(feed, await redis_with({"big": 10.0, **ones}), handle)
+    await run_until(scheduler, lambda: len(seen.get("big", [])) >= 5 and len(seen) > 10)
+    assert max(seen["big"]) > 1.0  # tens of URLs queued behind, at 10 req/s
+    assert all(v == [0.0] for s, v in seen.items() if s != "big")
 
 
 @pytest.mark.parametrize("previous, ended, running, ran_dry, measured", [

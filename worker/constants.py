@@ -33,6 +33,7 @@ LATENCY_SMOOTHING = 0.2            # weight of a new sample in a source's latenc
 QUEUE_SECONDS = 5.0                # a source's queue holds this many seconds of its pace; the rest are parked
 QUEUE_UNRATED = 1000               # URLs queued of a source whose rate is not read yet (trimmed once it is)
 QUEUE_MAX_PER_SOURCE = 5000        # URLs queued at most for any source, whatever its rate
+HEAD_START_MAX_SECONDS = 10.0      # most of a source's queue, in seconds at its pace, its images skip in the pool
 THROUGHPUT_SMOOTHING = 0.5         # weight of a refresh's measure in a source's throughput here
 THROUGHPUT_WARMUP_SECONDS = 5.0    # a source's first seconds of work here are not measured
 SLOW_PARTITIONS_PAUSE_AT = 0.75    # share of MAX_QUEUED_URLS past which partitions feeding no fast source pause

@@ -3,7 +3,8 @@
 The event loop only ships bytes in and results out, and drives each pool
 process itself through a socket pair, with a second request queued behind
 the one being worked on so that a process never waits for the loop between
-images. ``concurrent.futures``' process pool does the same through a manager
+images; the rest wait their turn, a backlogged source's first (``worker.imaging.turns``).
+``concurrent.futures``' process pool does the same through a manager
 thread and a feeder thread, whose wake-ups cost a quarter of a worker's CPU
 (docs/decisions.md, "Our own process pool").
 
@@ -45,6 +46,7 @@ from worker.imaging.pool_process import (FAILED, LENGTH, UNREADABLE, SegmentUnre
                                   serve)
 from worker.imaging.analysis import Analysis, analyze
 from worker.fetching.shared_memory import Body
+from worker.imaging.turns import Turns, head_start
 
 CRASHED = Status.IMAGE_WORKER_CRASHED
 TIMED_OUT = Status.IMAGE_TIMEOUT
@@ -61,7 +63,7 @@ class ImagePool:
         self.processes = processes or default_pool_size()
         self._timeout = timeout
         self._processes = [PoolProcess.start() for _ in range(self.processes)]
-        self._slots = asyncio.Semaphore(self.processes * REQUESTS_PER_PROCESS)
+        self._turns = Turns(self.processes * REQUESTS_PER_PROCESS)
         self._shared = True  # until a pool process cannot open a segment
         metrics.IMAGE_PROCESSES.set(self.processes)
 
@@ -91,7 +93,7 @@ class ImagePool:
     async def _run(self, size: int, function: Callable[..., Analysis], *args: Any) -> Analysis:
         request = pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
         for attempt in (1, 2):
-            async with self._slots:
+            async with self._turns.turn(head_start()):
                 process = min(self._processes, key=lambda candidate: candidate.queued)
                 try:
                     with metrics.IMAGE_POOL.busy(process):

@@ -5,7 +5,8 @@ rebalance. Messages wait in their source's lane (``worker.scheduling.lanes``) an
 start as tasks on the source's reserved slots (its need: pace x observed latency, at
 most the URLs it holds here) or, one at a time, on the shared slots that are the floor
 of every source (``slots.reserve``), within MAX_TASKS. Sources are taken in rotation,
-so shared slots go round.
+so shared slots go round. A task holds its slot while its image waits for the pool, where a
+source's queue here, in seconds at its pace, is its images' head start (``worker.imaging.turns``).
 
 Many sources share a partition, so no source may hold it: a URL its source
 cannot take now is parked in Kafka and committed, never held here. A source
@@ -42,6 +43,7 @@ from worker.constants import (COMMIT_INTERVAL, CONCURRENCY_HEADROOM, FAST_SOURCE
                               FORGET_ABOVE, LATENCY_SMOOTHING, MIN_TASKS_PER_SOURCE, NEW_SOURCE_REFRESH,
                               OFFER_INTERVAL, POLL_BATCH, POLL_TIMEOUT, REALLOCATE_INTERVAL, REFRESH_INTERVAL)
 from worker.fetching.tokens import ShuttingDown, SourceHalted, TokenBuckets
+from worker.imaging.turns import HEAD_START
 from worker.intake.feed import TP, Feed, Record
 from worker.intake.finished_offsets import FinishedRecord, Skips, take_new
 from worker.intake.offsets import PartitionOffsets, commit_finished, committable_positions
@@ -420,6 +422,7 @@ class Scheduler:
             candidates = started
 
     async def _crawl(self, lane: Lane, request: CrawlRequest) -> float:
+        HEAD_START.set(functools.partial(self._head_start, lane))  # this task's context only
         busy = await self._handle(request)
         lane.ended += 1
         self._admission.ended()
@@ -537,6 +540,9 @@ class Scheduler:
         await self._finished.flush()
 
     # --- sizing, from the lane's facts and the monitor's decisions ---------------
+    def _head_start(self, lane: Lane) -> float:
+        return sizing.head_start(len(lane.queue), self._pace(lane.source))
+
     def _pace(self, source: str) -> float:
         return sizing.pace(self._view.rate(source), self._view.slow_start_limit(source))
 

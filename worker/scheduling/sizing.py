@@ -7,8 +7,8 @@ QUEUE_SECONDS of what it drains at, and the rest of its URLs are parked
 """
 from __future__ import annotations
 
-from worker.constants import (MIN_TASKS_PER_SOURCE, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS, QUEUE_UNRATED,
-                              THROUGHPUT_SMOOTHING)
+from worker.constants import (HEAD_START_MAX_SECONDS, MIN_TASKS_PER_SOURCE, QUEUE_MAX_PER_SOURCE, QUEUE_SECONDS,
+                              QUEUE_UNRATED, THROUGHPUT_SMOOTHING)
 
 
 def pace(rate: float | None, slow_start_limit: float | None) -> float:
@@ -36,6 +36,14 @@ def queue_limit(known: bool, drain: float, reserved: int) -> int:
     by_slots = 2 * max(reserved, MIN_TASKS_PER_SOURCE)
     by_rate = int(drain * QUEUE_SECONDS)
     return min(max(by_slots, by_rate), QUEUE_MAX_PER_SOURCE)
+
+
+def head_start(queued: int, pace: float) -> float:
+    """Seconds a source's image may go ahead of others waiting for the pool: what its queue here
+    needs at its pace (a big site's backlog, not a one-URL site's), at most HEAD_START_MAX_SECONDS."""
+    if not pace > 0:
+        return 0.0
+    return min(queued / pace, HEAD_START_MAX_SECONDS)
 
 
 def smoothed(previous: float, sample: float, weight: float) -> float:
