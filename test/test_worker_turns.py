@@ -44,7 +44,7 @@ async def order_of(arrivals: list[tuple[str, float, float]], size: int = 1) -> l
 @pytest.mark.parametrize("arrivals, order", [
     ([("a", 0, 0), ("b", 1, 0), ("c", 2, 0)], "abc"),            # no head start: arrival order
     ([("one", 0, 0), ("big", 1, 4.0)], ["big", "one"]),          # a backlog's image first...
-    ([("one", 0, 0), ("big", 5, 4.0)], ["one", "big"]),          # ... not past one that came earlier than its head start
+    ([("one", 0, 0), ("big", 5, 4.0)], ["one", "big"]),          # ... not past one more than its head start earlier
     ([("a", 0, 2.0), ("b", 1, 2.0)], "ab"),                      # equal head starts: arrival order
     ([("a", 0, 0), ("b", 0, 0)], "ab"),                          # same instant: arrival order
     ([("a", 0, 0), ("neg", 1, -5.0)], ["a", "neg"]),             # no head start below 0
