@@ -19,11 +19,10 @@ class StackAddresses:
     s3_endpoint_url: str | None  # None: a stack with no S3
     s3_bucket: str
 
-    def environment(self) -> dict[str, str]:
-        """The settings a monitor or worker needs to use this stack; their dashboard and /metrics
-        listen on this machine only, as the stack's servers do."""
+    def servers(self) -> dict[str, str]:
+        """The stack's addresses (and S3 credentials), as a monitor's or worker's settings."""
         if self.s3_endpoint_url is None:
-            return {"REDIS_URL": self.redis_url, "KAFKA_HOSTS": self.kafka_hosts, **LOCAL_ENV}
+            return {"REDIS_URL": self.redis_url, "KAFKA_HOSTS": self.kafka_hosts}
         return {
             "REDIS_URL": self.redis_url,
             "KAFKA_HOSTS": self.kafka_hosts,
@@ -32,8 +31,12 @@ class StackAddresses:
             "AWS_ACCESS_KEY_ID": DEV_CREDENTIALS["aws_access_key_id"],
             "AWS_SECRET_ACCESS_KEY": DEV_CREDENTIALS["aws_secret_access_key"],
             "AWS_DEFAULT_REGION": DEV_CREDENTIALS["region_name"],
-            **LOCAL_ENV,
         }
+
+    def environment(self) -> dict[str, str]:
+        """The settings a monitor or worker needs to use this stack; their dashboard and /metrics
+        listen on this machine only, as the stack's servers do."""
+        return {**self.servers(), **LOCAL_ENV}
 
 
 class LocalStack:

@@ -13,7 +13,7 @@ import pytest
 
 from url_lists.__main__ import main
 from url_lists.crawl import checks
-from url_lists.crawl.local import crawler_env, user_agent
+from url_lists.crawl.local import crawler_env, processes_env, user_agent
 from url_lists.crawl.options import IGNORED, OptionError, parse
 from common.settings import DEFAULT_USER_AGENT
 
@@ -148,6 +148,21 @@ def test_the_user_agent_token_is_appended_and_the_image_size_is_the_workers_reso
     env = crawler_env(parse(["l.txt", "--image_size", "384", "--user_agent_token", "t"]), {}, tmp_path)
     assert env["TARGET_RESOLUTION"] == "384" and env["CRAWL_USER_AGENT"].endswith(" t")
     assert json.loads(Path(env["SOURCES_URL"]).read_text()) == []  # no Openverse lookup from a dev box
+
+
+@pytest.mark.parametrize("shell, wanted", [
+    ({}, {"LISTEN_HOST": "127.0.0.1", "KAFKA_SESSION_TIMEOUT_MS": "2000"}),        # the stack's
+    ({"LISTEN_HOST": "0.0.0.0", "KAFKA_SESSION_TIMEOUT_MS": "6000"},                 # the user's own
+     {"LISTEN_HOST": "0.0.0.0", "KAFKA_SESSION_TIMEOUT_MS": "6000"}),
+    ({"REDIS_URL": "redis://elsewhere:6379", "TARGET_RESOLUTION": "64", "THUMBNAIL_DIR": "/x"},
+     {"REDIS_URL": "redis://127.0.0.1:7000", "TARGET_RESOLUTION": "384"}),          # never over the stack's or ours
+])
+def test_the_embedded_processes_take_the_users_settings_but_never_over_the_stacks_addresses(
+        shell: dict[str, str], wanted: dict[str, str], tmp_path: Path) -> None:
+    env = processes_env(shell, {"REDIS_URL": "redis://127.0.0.1:7000", "KAFKA_HOSTS": "127.0.0.1:7001"},
+                        {"TARGET_RESOLUTION": "384"}, 7002, tmp_path / "thumbnails")
+    assert {name: env[name] for name in wanted} == wanted
+    assert env["THUMBNAIL_DIR"] == str((tmp_path / "thumbnails").resolve()) and env["MONITOR_PORT"] == "7002"
 
 
 def test_the_module_refuses_a_missing_list_in_one_line() -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from common.process import own_group_dying_with_parent
 from common.settings import DEFAULT_USER_AGENT
 from devstack.servers import free_port
-from devstack.stack import LocalStack
+from devstack.stack import LOCAL_ENV, LocalStack
 
 if TYPE_CHECKING:
     from url_lists.crawl.options import CrawlOptions
@@ -56,6 +56,15 @@ def crawler_env(options: CrawlOptions, env: Mapping[str, str], state_dir: Path) 
     if not env.get("ROBOTS_UNAVAILABLE_GIVE_UP", "").strip():
         extra["ROBOTS_UNAVAILABLE_GIVE_UP"] = str(ROBOTS_GIVE_UP_SECONDS)
     return extra
+
+
+def processes_env(shell: Mapping[str, str], servers: Mapping[str, str], crawler: Mapping[str, str],
+                  monitor_port: int, thumbnails: Path) -> dict[str, str]:
+    """The environment of the embedded monitor and workers: the local stack's settings
+    (``LOCAL_ENV``) unless the user's own say otherwise (``LISTEN_HOST=0.0.0.0`` to reach the
+    dashboard from another machine), then the stack's addresses and this command's settings."""
+    return {**LOCAL_ENV, **shell, **servers, "MONITOR_PORT": str(monitor_port), "PYTHONUNBUFFERED": "1",
+            **crawler, "THUMBNAIL_DIR": str(thumbnails.resolve())}
 
 
 class Child:
@@ -119,9 +128,8 @@ class LocalCrawl:
         one's clients) use. Kafka and Redis start empty (a run never reads an earlier run's
         messages); the thumbnails' folder keeps those a resumed collector reads again."""
         addresses = self.stack.start()
-        self.env = {**os.environ, **addresses.environment(), "MONITOR_PORT": str(free_port()),
-                    "PYTHONUNBUFFERED": "1", **self._crawler_env,
-                    "THUMBNAIL_DIR": str((self.data_dir / THUMBNAILS).resolve())}
+        self.env = processes_env(os.environ, addresses.servers(), self._crawler_env, free_port(),
+                                 self.data_dir / THUMBNAILS)
         return self.env
 
     def start_crawler(self) -> None:
