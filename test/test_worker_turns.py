@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
@@ -71,11 +72,14 @@ async def test_free_turns_are_taken_at_once_and_at_most_size_held() -> None:
             pass
 
 
-async def test_a_cancelled_waiter_is_skipped_and_its_turn_goes_to_the_next() -> None:
+async def one_turn_held_and_two_waiting() -> tuple[Turns, AbstractAsyncContextManager[None], list[str],
+                                                  asyncio.Task[None], asyncio.Task[None]]:
+    """One turn, held by ``holder``; "first" and "second" queued behind it, each noting in ``got``
+    when it has the turn."""
     turns = Turns(1)
     holder = turns.turn()
     await holder.__aenter__()
-    got = []
+    got: list[str] = []
 
     async def wait(name: str) -> None:
         async with turns.turn():
@@ -83,6 +87,11 @@ async def test_a_cancelled_waiter_is_skipped_and_its_turn_goes_to_the_next() -> 
 
     first, second = asyncio.create_task(wait("first")), asyncio.create_task(wait("second"))
     await asyncio.sleep(0)
+    return turns, holder, got, first, second
+
+
+async def test_a_cancelled_waiter_is_skipped_and_its_turn_goes_to_the_next() -> None:
+    turns, holder, got, first, second = await one_turn_held_and_two_waiting()
     first.cancel()
     await asyncio.sleep(0)
     await holder.__aexit__(None, None, None)
@@ -91,17 +100,7 @@ async def test_a_cancelled_waiter_is_skipped_and_its_turn_goes_to_the_next() -> 
 
 
 async def test_a_waiter_cancelled_after_it_was_handed_the_turn_hands_it_on() -> None:
-    turns = Turns(1)
-    holder = turns.turn()
-    await holder.__aenter__()
-    got = []
-
-    async def wait(name: str) -> None:
-        async with turns.turn():
-            got.append(name)
-
-    first, second = asyncio.create_task(wait("first")), asyncio.create_task(wait("second"))
-    await asyncio.sleep(0)
+    turns, holder, got, first, second = await one_turn_held_and_two_waiting()
     await holder.__aexit__(None, None, None)  # hands the turn to first, which has not run yet...
     first.cancel()                            # ... and is cancelled before it does
     await asyncio.gather(first, return_exceptions=True)
