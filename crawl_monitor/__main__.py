@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
 from typing import Any
 from collections.abc import Coroutine
 
@@ -25,6 +24,7 @@ from common.contracts import (EVENT_HTTP_API_ERROR, EVENT_MONITOR_COMPONENT_ERRO
 from common.cancel import cancel_and_wait
 from common.jsonlog import log_event
 from common.redis_client import bounded_redis
+from common.redis_clock import RedisClock
 from common.settings import Settings, load_settings
 from crawl_monitor import splitter
 from crawl_monitor.adaptive import Adaptation
@@ -74,19 +74,23 @@ async def _first_done(acquiring: Coroutine[Any, Any, None], stopping: Coroutine[
 async def _run_components(settings: Settings, redis: aioredis.Redis, lease: MonitorLease,
                           stop: asyncio.Event) -> None:
     session = aiohttp.ClientSession()
-    adaptation = Adaptation(redis)
+    clock = RedisClock()  # the workers' activity scores are by Redis's clock: read them by it
+    await clock.sync(redis)
+    adaptation = Adaptation(redis, clock=clock.now)
     regulator = Regulator(redis, adaptation, default_rate=settings.default_source_rate,
                           discovery_max_rate=settings.discovery_max_rate, discovery_sources=settings.discovery_sources)
     breaker = CircuitBreaker(redis)
-    monitoring = MonitoringLog(redis)
+    monitoring = MonitoringLog(redis, wall_clock=clock.now)
     dashboard = await _start_dashboard(settings, redis, monitoring)
     components: dict[str, Coroutine[Any, Any, None]] = {
         "lease": every(LEASE_RENEW_SECONDS, lease.renew, "lease"),
-        "splitter": splitter.run_splitter(lambda: splitter.connect(settings, limit_of=regulator.limit_of),
+        "clock": clock.keep_synced(redis),
+        "splitter": splitter.run_splitter(lambda: splitter.connect(settings, limit_of=regulator.limit_of,
+                                                                   clock=clock.now),
                                            settings.shutdown_timeout),
         "sources": refresh_sources(settings.sources_url, session, regulator.set_sizes),
-        "regulator": every(TICK_SECONDS, lambda: _adapt_then_grant(adaptation, regulator), "regulator"),
-        "circuit_breaker": every(BREAKER_CHECK_SECONDS, lambda: breaker.check(time.time()), "circuit_breaker"),
+        "regulator": every(TICK_SECONDS, lambda: _adapt_then_grant(adaptation, regulator, clock), "regulator"),
+        "circuit_breaker": every(BREAKER_CHECK_SECONDS, lambda: breaker.check(clock.now()), "circuit_breaker"),
         "monitoring": every(MONITORING_INTERVAL_SECONDS, monitoring.update, "monitoring"),
     }
     tasks = [asyncio.create_task(coroutine, name=name) for name, coroutine in components.items()]
@@ -121,7 +125,7 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
         raise ComponentFailed(f"monitor component(s) stopped: {failures}")
 
 
-async def _adapt_then_grant(adaptation: Adaptation, regulator: Regulator) -> None:
+async def _adapt_then_grant(adaptation: Adaptation, regulator: Regulator, clock: RedisClock) -> None:
     """The back-off's verdicts go out in the same second's grants: its slow start doubles a
     source's rate each second, and a tick's wait would make the loop twice as long. A failed
     update is logged and the regulator grants what the back-off allowed before."""
@@ -129,7 +133,7 @@ async def _adapt_then_grant(adaptation: Adaptation, regulator: Regulator) -> Non
         await adaptation.update()
     except Exception as exc:  # noqa: BLE001 - the buckets must still be set
         log_event(EVENT_MONITOR_COMPONENT_ERROR, component="adaptation", error=f"{type(exc).__name__}: {exc}")
-    await regulator.tick(time.time())
+    await regulator.tick(clock.now())
 
 
 async def _start_dashboard(settings: Settings, redis: aioredis.Redis,

@@ -84,18 +84,19 @@ ADAPTIVE_READ_GRACE_SECONDS = 1.0  # a bucket is read this long after it ends: o
 ADAPTIVE_STATE_TTL_SECONDS = 3600  # adaptive:{source} outlives a monitor's restart, not a quiet hour
 # active_sources (crawl_monitor.active_sources): members quiet this long are dropped.
 ACTIVE_SOURCES_KEPT_SECONDS = 24 * 3600
-# How far before its last look a reader asks for recent sources: workers score an outcome
-# with their own clock, which may run behind the monitor's.
-ACTIVE_SOURCES_SLACK_SECONDS = 5.0
+# How far before its last look a reader asks for recent sources: workers score an outcome by
+# Redis's clock (common.redis_clock), as the monitor reads it, but a worker's score may land a
+# round trip (and a late event loop) after the time it carries.
+ACTIVE_SOURCES_SLACK_SECONDS = 1.0
 # The dashboard re-reads the quiet sources it shows this often (active ones each time).
 ACTIVE_SOURCES_FULL_READ_SECONDS = 60.0
 # The regulator grants tokens to the sources active this recently (and to no other).
 # Workers score a source while a task waits for its tokens (worker.constants.
-# ACTIVE_HEARTBEAT_SECONDS, 2 s), so a slow or paused source with work stays in, with
-# ACTIVE_SOURCES_SLACK_SECONDS for the workers' clocks and a beat to spare, while one with
-# nothing to crawl drops out within seconds and its keys expire: the monitor's work per
-# URL follows the seconds its source waits, not a fixed window (docs/decisions.md).
-ACTIVE_SOURCES_TICK_SECONDS = 8.0
+# ACTIVE_HEARTBEAT_SECONDS, 2 s, at a peek at most TOKEN_POLL_MAX later), so a slow or paused
+# source with work stays in, with ACTIVE_SOURCES_SLACK_SECONDS to spare, while one with nothing
+# to crawl drops out within seconds and its keys expire: the monitor's work per URL follows
+# the seconds its source waits, and a one-URL site is ticked ~5 times (docs/decisions.md).
+ACTIVE_SOURCES_TICK_SECONDS = 4.0
 # The adaptive back-off's second reads the sources the regulator asked about this recently
 # (a few of its ticks); one not asked about for ADAPTIVE_FORGET_SECONDS is forgotten (its
 # state waits in adaptive:{source}, restored when it comes back).

@@ -63,9 +63,11 @@ class MonitoringLog:
         now, wall = self._clock(), self._wall_clock()
         since = wall - MONITORING_INTERVAL_SECONDS if self._interval_start is None else self._interval_start
         self._interval_start = wall
-        # Granted a rate lately (the regulator's sources), and active in this line's interval.
-        ticked = await wanting_scores(self._redis, wall - ACTIVE_SOURCES_TICK_SECONDS)
-        active = {s: at for s, at in ticked.items() if at >= since - ACTIVE_SOURCES_SLACK_SECONDS}
+        # Granted a rate now (the regulator's sources), and active in this line's interval (longer).
+        recent = await wanting_scores(self._redis, min(wall - ACTIVE_SOURCES_TICK_SECONDS,
+                                                       since - ACTIVE_SOURCES_SLACK_SECONDS))
+        ticked = {s for s, at in recent.items() if at >= wall - ACTIVE_SOURCES_TICK_SECONDS}
+        active = {s: at for s, at in recent.items() if at >= since - ACTIVE_SOURCES_SLACK_SECONDS}
         candidates = sorted(stopped | set(active), key=lambda s: (s not in stopped, -active.get(s, 0.0), s))
         candidates = candidates[:MONITORING_MAX_LISTED]
         rate_limits, read = await self._per_source(sorted(set(ticked) | set(candidates)), candidates)

@@ -103,8 +103,11 @@ class Splitter:
     def __init__(self, consumer: Consumer, producer: Producer, redis: SyncRedis, *,
                  limit_of: LimitOf = lambda source: None,
                  inbound_topic: str = contracts.INBOUND_TOPIC, batch_size: int = SPLIT_BATCH_SIZE,
-                 poll_seconds: float = SPLIT_POLL_SECONDS, url_partitions: int = 1):
+                 poll_seconds: float = SPLIT_POLL_SECONDS, url_partitions: int = 1,
+                 clock: Callable[[], float] = time.time):
+        """``clock``: Unix time as the regulator reads ``waiting_sources`` (``RedisClock.now``)."""
         self._consumer = consumer
+        self._clock = clock
         self._gaps = OffsetGaps()
         self._producer = producer
         self._redis = redis
@@ -218,7 +221,7 @@ class Splitter:
 
     def _record(self, plan: SplitPlan) -> None:
         if plan.split:
-            now = time.time()
+            now = self._clock()
             with self._redis.pipeline(transaction=False) as pipe:
                 pipe.sadd(contracts.INBOUND_SOURCES, *plan.new_urls)
                 pipe.incrby(contracts.NUM_SPLIT, plan.split)
@@ -260,7 +263,7 @@ class Splitter:
 
 
 def connect(settings: Settings, *, limit_of: LimitOf = lambda source: None,
-            inbound_topic: str = contracts.INBOUND_TOPIC,
+            clock: Callable[[], float] = time.time, inbound_topic: str = contracts.INBOUND_TOPIC,
             group: str = contracts.SPLITTER_GROUP, batch_size: int = SPLIT_BATCH_SIZE) -> Splitter:
     """A splitter on the real servers (blocking: call it from the splitter's thread).
 
@@ -276,7 +279,7 @@ def connect(settings: Settings, *, limit_of: LimitOf = lambda source: None,
     producer = Producer(producer_config(hosts, **{"delivery.report.only.error": True}))
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
     splitter = Splitter(consumer, producer, redis, limit_of=limit_of, inbound_topic=inbound_topic,
-                        batch_size=batch_size, url_partitions=settings.url_partitions)
+                        batch_size=batch_size, url_partitions=settings.url_partitions, clock=clock)
     splitter.assign_new_partitions()
     splitter.count_url_partitions()
     return splitter

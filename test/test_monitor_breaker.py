@@ -248,7 +248,7 @@ async def test_after_the_first_check_only_sources_with_recent_outcomes_are_read(
 
 
 async def test_a_source_with_nothing_new_is_not_judged_again_within_the_clock_slack(redis) -> None:
-    """Checks read ACTIVE_SOURCES_SLACK_SECONDS back for the workers' clocks: at 5,000 new sources
+    """Checks read ACTIVE_SOURCES_SLACK_SECONDS back for scores landing late: at 5,000 new sources
     every one was judged six times over, 43% of the monitor's loop (bench.sources)."""
     breaker = CircuitBreaker(redis)
     await breaker.check(T0)

@@ -180,7 +180,7 @@ async def test_a_quiet_source_leaves_the_line_and_comes_back_with_its_next_outco
         store.zadd(contracts.ACTIVE_SOURCES, {source: wall.now - 1})
     monitoring = MonitoringLog(redis, clock=clock, wall_clock=wall)
     assert set((await monitoring.update())["specific"]) == {"busy", "quiet"}
-    for _ in range(2):  # the next line too: a worker's clock may run a few seconds behind
+    for _ in range(2):  # the next line too: a worker's score may land a moment after its time
         clock.now += 5
         wall.now += 5
         store.zadd(contracts.ACTIVE_SOURCES, {"busy": wall.now - 1})

@@ -233,7 +233,7 @@ async def test_at_100000_sources_a_second_reads_and_writes_only_the_active_ones(
     store.data[contracts.ACTIVE_SOURCES] = {s: T0 - 7200 - n / 100 for n, s in enumerate(quiet)}
     store.data[contracts.HALTED] = set(quiet[:1000]) | set(busy[:2])
     for n, source in enumerate(busy):
-        store.zadd(contracts.ACTIVE_SOURCES, {source: T0 - n / 10})
+        store.zadd(contracts.ACTIVE_SOURCES, {source: T0 - n / 100})
         store.rpush(contracts.last_50_key(source), *["200"] * 50)
     redis = FakeAsyncRedis(store)
     now = [T0]

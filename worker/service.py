@@ -15,6 +15,7 @@ from common.contracts import EVENT_WORKER_STARTED, EVENT_WORKER_STOP_OVERDUE, EV
 from common.contracts import EVENT_TASK_CRASHED, HALTED_GROUP, WAIT_GROUP, WORKER_GROUP
 from common.jsonlog import log_event
 from common.redis_client import bounded_redis
+from common.redis_clock import RedisClock
 from common.process import exit_if_not_stopped_within
 from common.kafka import AsyncProducer, producer_config
 from common.settings import Settings
@@ -57,10 +58,13 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
     try:
         async with thumbnail_store(settings) as thumbnails:
             view = MonitorView()  # what the monitor decided: the scheduler refreshes it, all three read it
-            tokens = TokenBuckets(redis, view)
+            clock = RedisClock()  # activity is scored by Redis's clock, as the monitor reads it
+            await clock.sync(redis)
+            syncing = asyncio.create_task(clock.keep_synced(redis))
+            tokens = TokenBuckets(redis, view, clock=clock.now)
             fetcher = Fetcher(images, build_gate(settings, redis, images), tokens, settings.max_image_bytes,
                               body_budget=settings.body_budget_bytes, consent=response_consent(settings))
-            task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis), settings)
+            task = ImageTask(fetcher, pool.analyze, thumbnails, producer, Stats(redis, clock=clock.now), settings)
             scheduler = Scheduler(feed, redis, task.process, producer, tokens, view,
                                   settings.max_tasks, settings.shutdown_timeout, settings.max_queued_urls)
             # Every topic this worker reads, so that a worker started before the monitor subscribes
@@ -95,6 +99,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
                 await scheduler.run()
             finally:
                 sampling.cancel()
+                syncing.cancel()
                 for line in lines:
                     line.stop()
                 for line_task in running:

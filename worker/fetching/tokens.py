@@ -59,7 +59,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from common.contracts import EVENT_WORKER_REFRESH_FAILED, EVENT_WORKER_TOKENS_FORFEITED
@@ -175,10 +175,12 @@ def forgettable(sources: Mapping[str, _Source], now: float) -> list[str]:
 
 
 class TokenBuckets:
-    def __init__(self, redis: AsyncRedis, view: MonitorView | None = None):
+    def __init__(self, redis: AsyncRedis, view: MonitorView | None = None, clock: Callable[[], float] = time.time):
         """``view``: the monitor's decisions, for the rates polls are paced by and the halts that
-        end a wait (none known: the bucket alone decides)."""
+        end a wait (none known: the bucket alone decides). ``clock``: Unix time as the monitor
+        reads ``waiting_sources`` (``RedisClock.now``)."""
         self._redis = redis
+        self._clock = clock
         self._paced_decr = redis.register_script(PACED_DECR)
         self._view = view or MonitorView()
         self._sources: dict[str, _Source] = {}  # source -> what is kept of it until it is idle
@@ -294,7 +296,7 @@ class TokenBuckets:
         ACTIVE_HEARTBEAT_SECONDS each: the monitor grants tokens only to the sources active
         lately, and a new source has no outcome yet, a slow or paused one none for
         a long while."""
-        now = time.time()
+        now = self._clock()
         due = {source: now for source in sources if self._marked.get(source, 0.0) <= now - ACTIVE_HEARTBEAT_SECONDS}
         if not due:
             return

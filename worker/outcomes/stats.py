@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 
 from redis.exceptions import ResponseError
 
@@ -133,8 +134,10 @@ return 0
 
 
 class Stats:
-    def __init__(self, redis: AsyncRedis):
+    def __init__(self, redis: AsyncRedis, clock: Callable[[], float] = time.time):
+        """``clock``: Unix time as the monitor reads the scores and buckets written here (``RedisClock.now``)."""
         self._redis = redis
+        self._clock = clock
         self._record = redis.register_script(RECORD)
         self._answered = redis.register_script(ANSWERED)
         self._next_trim: dict[str, float] = {}  # source -> wall-clock time its windows are trimmed next
@@ -155,7 +158,7 @@ class Stats:
     async def answered(self, source: str, ttfb: float) -> None:
         """Count a response's time to first byte in the bucket it came in; its outcome is recorded
         later with ``ttfb=None``."""
-        now = time.time()
+        now = self._clock()
         bucket = bucket_start(now)
         expiry = 0
         if self._expiring.get(source) != bucket:
@@ -172,7 +175,7 @@ class Stats:
         ``terminal``: the URL's end (success, link rot, crawl error), not a retry: it leaves the backlog.
         ``retried``: an attempt after a failed one, whose error the minute window already holds.
         ``opted_out``: the signal of an opt-out, counted in ``opted_out[:{source}]``, not as an error."""
-        now = time.time()
+        now = self._clock()
         self._forget_quiet(now)
         bucket = bucket_start(now)
         bins = ([str(bin_of(ttfb))] if ttfb is not None else []) + ([OVERLOAD_FIELD] if is_overload(status) else [])
