@@ -30,7 +30,7 @@ the last rate answered fast); a slow median once the next fresh answers are slow
 queue our requests built there has drained at half of it (``landing``). Capacity discovery is
 the same controller with a higher top: a source the regulator lets discover starts at a tenth
 of its ``cap`` and climbs past its limit (multiplier above 1) up to it; past the limit a
-doubling needs more fresh answers, to requests sent over seconds at the current grant
+doubling needs more fresh answers, to requests sent over a second at the current grant
 (``doubling_evidence``), so a site whose queue builds is heard before the next doubling and
 loopback noise is not load, and it grows to at most twice the rate the site answered
 (docs/decisions.md, "Capacity discovery"). The state is kept in ``adaptive:{source}``, so a
@@ -127,7 +127,7 @@ def start_share(limit: float, cap: float | None) -> float:
 def doubling_evidence(level: float) -> tuple[int, float]:
     """(fresh answers, seconds at the current grant) a slow-start doubling from ``level`` (a
     share of the limit) needs: a few below the limit; past it, where only the site's answers
-    vouch for the rate, more answers over a second or more, so a site whose queue builds at the
+    vouch for the rate, more answers, over a second, so a site whose queue builds at the
     new rate is heard before the next doubling."""
     if level < 1.0:
         return ADAPTIVE_SLOW_START_SAMPLES, 0.0

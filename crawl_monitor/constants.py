@@ -63,8 +63,8 @@ ADAPTIVE_START_SHARE = 0.1       # a source new to the monitor starts at this sh
 ADAPTIVE_SLOW_START_SAMPLES = 3  # ... doubles each time this many fresh answers are as fast as at first
 ADAPTIVE_ANSWER_LAG_SECONDS = 0.25  # ... counting answers recorded this long (plus the site's time) after
                                     # the change: a worker records one after its image work and upload
-ADAPTIVE_DISCOVERY_SAMPLES = 8   # past its limit (discovery) a doubling needs this many fresh answers...
-ADAPTIVE_DISCOVERY_SECONDS = 2.0  # ... to requests sent over at least this long at the current grant
+ADAPTIVE_DISCOVERY_SAMPLES = 4   # past its limit (discovery) a doubling needs this many fresh answers...
+ADAPTIVE_DISCOVERY_SECONDS = 1.0  # ... to requests sent over at least this long at the current grant
 ADAPTIVE_DECREASE = 0.7          # x this when responses slow down past the slow start
 ADAPTIVE_DRAIN_SHARE = 0.5       # a slow start that overran its site: this share of what the site served, while
                                  # the queue it built drains...
