@@ -122,8 +122,11 @@ def test_every_signal_decides_before_the_download_and_is_recorded(crawl_env, tmp
             assert all(m["status"] is None for m in mine)
         elif signal is not None:  # the head opted out: the body was not read
             assert len(reserved_requests) == URLS
+            # The worker reads at most 128 KiB past the head; the rest of what the site counts is
+            # what the worker's kernel acknowledged into its receive buffer before the close: up
+            # to 2.3 MB of the 8 MB seen when the worker was busy. Half of the image tells the two apart.
             sent = [r.sent_bytes for r in reserved_requests]
-            assert all(s is not None and s < len(big) // 4 for s in sent), (name, sent, len(big))
+            assert all(s is not None and s < len(big) // 2 for s in sent), (name, sent, len(big))
             assert all(m["status"] == 200 for m in mine)
         else:
             sizes = [m["filesize"] for m in outcomes.messages["image_metadata_updates"]
