@@ -13,7 +13,7 @@ import asyncio
 import signal
 import sys
 from typing import Any
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -81,7 +81,7 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
                           discovery_max_rate=settings.discovery_max_rate, discovery_sources=settings.discovery_sources)
     breaker = CircuitBreaker(redis)
     monitoring = MonitoringLog(redis, wall_clock=clock.now)
-    dashboard = await _start_dashboard(settings, redis, monitoring)
+    dashboard = await _start_dashboard(settings, redis, monitoring, clock.now)
     components: dict[str, Coroutine[Any, Any, None]] = {
         "lease": every(LEASE_RENEW_SECONDS, lease.renew, "lease"),
         "clock": clock.keep_synced(redis),
@@ -136,12 +136,12 @@ async def _adapt_then_grant(adaptation: Adaptation, regulator: Regulator, clock:
     await regulator.tick(clock.now())
 
 
-async def _start_dashboard(settings: Settings, redis: aioredis.Redis,
-                           monitoring: MonitoringLog) -> web.AppRunner | None:
+async def _start_dashboard(settings: Settings, redis: aioredis.Redis, monitoring: MonitoringLog,
+                           clock: Callable[[], float]) -> web.AppRunner | None:
     """The dashboard is for watching, the regulator is what keeps sites safe:
     a taken port is reported and the monitor carries on without the dashboard."""
     try:
-        return await start_http_api(settings, redis, lambda: monitoring.latest)
+        return await start_http_api(settings, redis, lambda: monitoring.latest, clock=clock)
     except OSError as exc:
         log_event(EVENT_HTTP_API_ERROR, port=settings.monitor_port,
                   error=f"dashboard not started: {exc}")

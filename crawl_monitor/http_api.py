@@ -14,13 +14,14 @@ Wiring it into the monitor's main::
         await runner.cleanup()   # stops the server and the sampler
 
 ``start_http_api(settings_or_port, redis, latest_update, *, host=None,
-sample_every=5.0) -> aiohttp.web.AppRunner``. ``settings_or_port`` is a
+sample_every=5.0, clock=time.time) -> aiohttp.web.AppRunner``. ``settings_or_port`` is a
 ``Settings`` (its ``monitor_port``, MONITOR_PORT, on its ``listen_host``,
 LISTEN_HOST) or a port number (0 picks a free port: read it from
 ``runner.addresses[0][1]``) on ``host`` (every interface if None). ``redis`` is a
 ``redis.asyncio`` client, with or without ``decode_responses``.
 ``latest_update`` takes no argument and returns the latest
 ``monitoring_update`` dict (SPEC.md §4) or None before the first one.
+``clock``: Unix time as the activity scores are read (the monitor's ``RedisClock.now``).
 
 Endpoints:
 
@@ -245,10 +246,12 @@ class History:
 
 # --- The server --------------------------------------------------------------
 class _Api:
-    def __init__(self, redis: Redis, latest_update: UpdateGetter, history: History):
+    def __init__(self, redis: Redis, latest_update: UpdateGetter, history: History,
+                 clock: Callable[[], float] = time.time):
         self.redis = redis
         self.latest_update = latest_update
         self.history = history
+        self.clock = clock
 
     def _update(self) -> dict[str, Any] | None:
         """A failing callable must not take the dashboard down with it."""
@@ -260,7 +263,7 @@ class _Api:
 
     async def metrics(self, request: web.Request) -> web.Response:
         try:
-            sources = await read_sources(self.redis, among=await shown_sources(self.redis, time.time(), SHOWN_SOURCES))
+            sources = await read_sources(self.redis, among=await shown_sources(self.redis, self.clock(), SHOWN_SOURCES))
         except RedisError as exc:
             log_event(EVENT_HTTP_API_ERROR, where="metrics", error=repr(exc))
             return web.Response(status=503, text=f"cannot read Redis: {exc}\n")
@@ -274,7 +277,7 @@ class _Api:
             raise web.HTTPBadRequest(text="since must be a Unix time in seconds\n") from None
         body: dict[str, Any] = dict(self._update() or {"event": None})
         try:
-            sources = await read_sources(self.redis, among=await shown_sources(self.redis, time.time(), SHOWN_SOURCES))
+            sources = await read_sources(self.redis, among=await shown_sources(self.redis, self.clock(), SHOWN_SOURCES))
             body["sources"] = {s: {**asdict(state), "error_total": state.error_total,
                                    "achieved_rps": self.history.achieved_rps(s)}
                                for s, state in sources.items()}  # in name order
@@ -282,26 +285,27 @@ class _Api:
         except RedisError as exc:
             body["sources"], body["redis_error"] = None, str(exc)
         body["history"] = self.history.since(since)
-        body["server_time"] = time.time()
+        body["server_time"] = self.clock()
         return web.Response(text=json.dumps(body, default=str), content_type="application/json")
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html")
 
     async def sample_forever(self, every: float) -> None:
-        chart = ChartReads(self.redis)
+        chart = ChartReads(self.redis, self.clock)
         while True:
             try:
                 read = await chart.sample()
-                self.history.add(time.time(), self._update(), chart.states, read)
+                self.history.add(self.clock(), self._update(), chart.states, read)
             except RedisError as exc:
                 log_event(EVENT_HTTP_API_ERROR, where="sampler", error=repr(exc))
-                self.history.add(time.time(), self._update(), None)
+                self.history.add(self.clock(), self._update(), None)
             await asyncio.sleep(every)
 
 
-def make_app(redis: Redis, latest_update: UpdateGetter, sample_every: float = SAMPLE_SECONDS) -> web.Application:
-    api = _Api(redis, latest_update, History())
+def make_app(redis: Redis, latest_update: UpdateGetter, sample_every: float = SAMPLE_SECONDS,
+             clock: Callable[[], float] = time.time) -> web.Application:
+    api = _Api(redis, latest_update, History(), clock)
 
     async def sampler(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(api.sample_forever(sample_every))
@@ -318,14 +322,15 @@ def make_app(redis: Redis, latest_update: UpdateGetter, sample_every: float = SA
 
 
 async def start_http_api(settings_or_port: Settings | int, redis: Redis, latest_update: UpdateGetter,
-                         *, host: str | None = None, sample_every: float = SAMPLE_SECONDS) -> web.AppRunner:
+                         *, host: str | None = None, sample_every: float = SAMPLE_SECONDS,
+                         clock: Callable[[], float] = time.time) -> web.AppRunner:
     """Serve until ``await runner.cleanup()``; see the module docstring."""
     if isinstance(settings_or_port, int):
         port, host = settings_or_port, host or Settings.listen_host
     else:
         port, host = settings_or_port.monitor_port, settings_or_port.listen_host
     # A dashboard needs no long goodbye: in-flight requests get 2 s, not aiohttp's 60.
-    runner = web.AppRunner(make_app(redis, latest_update, sample_every), access_log=None,
+    runner = web.AppRunner(make_app(redis, latest_update, sample_every, clock), access_log=None,
                            shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

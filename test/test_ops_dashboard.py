@@ -72,9 +72,11 @@ class HourOfHistory(http_api.History):
 
 
 async def fake_worker(redis) -> None:
-    """Requests at about 40/s to flickr, as workers would count them."""
+    """Requests at about 40/s to flickr, as workers would count them and score its outcomes."""
+    import time
     while True:
         await redis.incrby(c.source_requests_key("flickr"), 2)
+        await redis.zadd(c.ACTIVE_SOURCES, {"flickr": time.time()}, gt=True)
         await asyncio.sleep(0.05)
 
 
