@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from collections.abc import Iterator
@@ -57,7 +58,6 @@ class HourOfHistory(http_api.History):
 
     def __init__(self, span: float = http_api.HISTORY_SECONDS):
         super().__init__(span)
-        import time
         now = time.time()
         for i in range(660, 0, -1):
             t = now - i * 5
@@ -73,7 +73,6 @@ class HourOfHistory(http_api.History):
 
 async def fake_worker(redis) -> None:
     """Requests at about 40/s to flickr, as workers would count them and score its outcomes."""
-    import time
     while True:
         await redis.incrby(c.source_requests_key("flickr"), 2)
         await redis.zadd(c.ACTIVE_SOURCES, {"flickr": time.time()}, gt=True)

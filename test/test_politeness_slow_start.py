@@ -39,6 +39,7 @@ def image_times(log) -> list[float]:
     """When the site's image requests came (its robots.txt and TDMRep file apart), in order."""
     return sorted(r.time for r in log if r.path not in RULES_PATHS)
 
+
 def test_new_sources_reach_their_limits_within_seconds(crawl_env, tmp_path: Path, unique: str) -> None:  # noqa: F811
     names = [f"start{unique[:6]}s{i}" for i in range(len(SOURCES))]
     specs, plan = [], []

@@ -60,7 +60,6 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
             view = MonitorView()  # what the monitor decided: the scheduler refreshes it, all three read it
             clock = RedisClock()  # activity is scored by Redis's clock, as the monitor reads it
             await clock.sync(redis)
-            syncing = asyncio.create_task(clock.keep_synced(redis))
             tokens = TokenBuckets(redis, view, clock=clock.now)
             fetcher = Fetcher(images, build_gate(settings, redis, images), tokens, settings.max_image_bytes,
                               body_budget=settings.body_budget_bytes, consent=response_consent(settings))
@@ -90,6 +89,7 @@ async def run(settings: Settings, metrics_server: metrics.MetricsServer | None, 
             running = [asyncio.create_task(line.run()) for line in lines]
             metrics.BODY_BUDGET.set(settings.body_budget_bytes)
             sampling = asyncio.create_task(metrics.sample_forever(scheduler.load, fetcher.body_bytes_held))
+            syncing = asyncio.create_task(clock.keep_synced(redis))
             # A line that died would leave its URLs uncommitted until this worker stops: stop
             # it now, so its supervisor restarts it and they come back.
             for line_task in running:
