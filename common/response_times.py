@@ -58,13 +58,18 @@ def parse_bucket(raw: Mapping) -> tuple[dict[int, int], int]:
 
 def median_ms(bins: Mapping[int, int]) -> float | None:
     """The median time to first byte in ms, interpolated within its bin (within ~10%)."""
+    return quantile_ms(bins, 0.5)
+
+
+def quantile_ms(bins: Mapping[int, int], share: float) -> float | None:
+    """The time to first byte (ms) that ``share`` of the answers took at most, interpolated within its bin."""
     total = sum(bins.values())
     if not total:
         return None
-    half, seen = total / 2, 0
+    wanted, seen = total * share, 0
     for index in sorted(bins):
-        if seen + bins[index] >= half:
+        if seen + bins[index] >= wanted:
             low, high = _edges(index)
-            return low + (high - low) * (half - seen) / bins[index]
+            return low + (high - low) * (wanted - seen) / bins[index]
         seen += bins[index]
     raise AssertionError("unreachable: the counts sum to total")
