@@ -16,7 +16,8 @@ noise is not load), or timeouts and 429/502/503/504 pass 5% of the answers, the
 multiplier drops x0.7; when the median is back within 1.5x the baseline it climbs by
 a step (the larger of 1 req/s and 2% of the ceiling). Never above the ceiling, never
 below ``ADAPTIVE_FLOOR_RPS``. Each change is judged again only on responses to requests
-made after it (buckets that started later), so one slow queue is not punished twice.
+made after it (buckets that started once its first answers could come: the site's time and
+the worker's lag after it), so one slow queue is not punished twice.
 
 A source new to the monitor starts at a tenth of its ceiling (a site saturated from the
 first second would otherwise teach a saturated baseline) and doubles while answers stay
@@ -26,12 +27,13 @@ recorded since the last look (``observe_fresh``): a few (``ADAPTIVE_SLOW_START_S
 to requests made after the last doubling, tell "as fast as at first" from "slower". The
 first slow-down ends the slow start: overload answers at once, halving the multiplier (back to
 the last rate answered fast); a slow median once the next fresh answers are slow too
-(``slow_start_move``), landing near what the site served meanwhile, its capacity, once the
-queue our requests built there has drained at half of it (``landing``). Capacity discovery is
+(``slow_start_move``), landing near what the site served over both slow looks, its capacity,
+once the queue our requests built there (its slowest answers' delay) has drained at half of it
+(``landing``). Capacity discovery is
 the same controller with a higher top: a source the regulator lets discover starts at a tenth
 of its ``cap`` and climbs past its limit (multiplier above 1) up to it; past the limit a
-doubling needs more fresh answers, to requests sent over a second at the current grant
-(``doubling_evidence``), so a site whose queue builds is heard before the next doubling and
+doubling needs more fresh answers, to requests sent over a look (about a second) at the current
+grant (``doubling_evidence``), so a site whose queue builds is heard before the next doubling and
 loopback noise is not load, and it grows to at most twice the rate the site answered
 (docs/decisions.md, "Capacity discovery"). The state is kept in ``adaptive:{source}``, so a
 monitor that takes over continues where the last one was; ``adaptive_off:{source}`` switches a
@@ -51,12 +53,13 @@ from dataclasses import dataclass, field
 from common import contracts
 from common.protocols import AsyncRedis
 from common.redis_values import as_text, finite_number
-from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket
+from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket, quantile_ms
 from crawl_monitor.active_sources import active_since
 from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
-                                     ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_SHARE,
+                                     ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_QUANTILE,
+                                     ADAPTIVE_DRAIN_SHARE,
                                      ADAPTIVE_FLOOR_RPS, ADAPTIVE_LAND_SHARE,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
@@ -186,7 +189,7 @@ class Controller:
     discovery): the same slow start and AIMD, with a higher top."""
     multiplier: float = ADAPTIVE_START_SHARE
     slow_start: bool = True           # doubling until the first slow-down
-    slow_seen: bool = False           # the slow start's last judgement was a slow median, unconfirmed
+    slow_seen: Reading | None = None  # the answers of the slow start's last look, if slow and unconfirmed
     baseline_ms: float | None = None  # as set at baseline_at; ``baseline(now)`` adds the drift
     baseline_at: float = 0.0
     recent_ms: float | None = None
@@ -236,7 +239,7 @@ class Controller:
             if lowest < top:
                 return WAIT  # judged each second on the answers as they come (``observe_fresh``)
             self.multiplier, self.slow_start = top, False  # at most the floor: nothing to start
-        bins, overload, total = _merged(r for r in newest if r.start >= self.changed_at)
+        bins, overload, total = _merged(r for r in newest if r.start >= self._settled(now))
         if total < ADAPTIVE_MIN_SAMPLES:
             return WAIT
         baseline = self.baseline(now)
@@ -261,8 +264,7 @@ class Controller:
             return WAIT
         level = self.level(ceiling, cap)
         samples, seconds = doubling_evidence(level)
-        # Most of the span must come after the change, by the site's time and the worker's lag.
-        settled = self.changed_at + ADAPTIVE_ANSWER_LAG_SECONDS + (self.baseline(now) or 0.0) / 1000
+        settled = self._settled(now)  # most of the span must come after it
         if (reading.start + now) / 2 < settled:
             return WAIT
         self.fresh.append(reading)
@@ -274,25 +276,27 @@ class Controller:
             self.baseline_ms, self.baseline_at = median, now
         verdict = self._judge(bins, overload, total, self.baseline(now))
         overran = overloaded(overload, total)
-        move = slow_start_move(verdict, overran, self.slow_seen)
+        move = slow_start_move(verdict, overran, self.slow_seen is not None)
         lowest, top = floor_share(ceiling), top_share(ceiling, cap)
         if move == DOWN:
-            self.slow_start = self.slow_seen = False
+            first_slow, self.slow_start, self.slow_seen = self.slow_seen, False, None
             baseline = self.baseline(now)
             if overran or median is None or baseline is None:  # refusals: one doubling back, by steps from there
                 self.multiplier = max(lowest, level / 2)
             else:  # slow: its queue drained, then near what it served (its capacity)
-                served = answered_rate(reversed(self.fresh), now, ADAPTIVE_DISCOVERY_SECONDS) / ceiling
-                self.multiplier, seconds, self.landing_multiplier = landing(level, served, median, baseline, lowest)
+                overrun = [first_slow, *self.fresh] if first_slow is not None else list(self.fresh)
+                served = answered_rate(reversed(overrun), now, float("inf")) / ceiling  # since the first slow look
+                queued_ms = quantile_ms(bins, ADAPTIVE_DRAIN_QUANTILE) or median
+                self.multiplier, seconds, self.landing_multiplier = landing(level, served, queued_ms, baseline, lowest)
                 self.drain_until = now + seconds
             self._changed(now)
             return DOWN
         if verdict == SLOW:  # to be confirmed by answers not yet judged
-            self.slow_seen = True
+            self.slow_seen = self.fresh[-1]
             self.fresh.clear()
             return HOLD
         if verdict == FAST:
-            self.slow_seen = False
+            self.slow_seen = None
         if move == UP and now - max(settled, self.fresh[0].start) >= seconds:
             grown = min(top, level * 2)
             if seconds:  # past the limit: at most twice the rate the site answered (its proof)
@@ -319,6 +323,11 @@ class Controller:
         if median <= max(ADAPTIVE_RECOVERED_FACTOR * baseline, baseline + ADAPTIVE_RECOVERED_MIN_EXTRA_MS):
             return FAST
         return None
+
+    def _settled(self, now: float) -> float:
+        """When answers to requests made under the last change began: it, plus the site's time and
+        the worker's lag in recording them."""
+        return self.changed_at + ADAPTIVE_ANSWER_LAG_SECONDS + (self.baseline(now) or 0.0) / 1000
 
     def land(self, now: float) -> bool:
         """Past an overrun's drain (``landing``), take the level after it, judged afresh; True if it did."""

@@ -64,10 +64,11 @@ ADAPTIVE_SLOW_START_SAMPLES = 3  # ... doubles each time this many fresh answers
 ADAPTIVE_ANSWER_LAG_SECONDS = 0.25  # ... counting answers recorded this long (plus the site's time) after
                                     # the change: a worker records one after its image work and upload
 ADAPTIVE_DISCOVERY_SAMPLES = 4   # past its limit (discovery) a doubling needs this many fresh answers...
-ADAPTIVE_DISCOVERY_SECONDS = 1.0  # ... to requests sent over at least this long at the current grant
+ADAPTIVE_DISCOVERY_SECONDS = 0.9  # ... to requests sent over a look (each second, give or take) at the current grant
 ADAPTIVE_DECREASE = 0.7          # x this when responses slow down past the slow start
 ADAPTIVE_DRAIN_SHARE = 0.5       # a slow start that overran its site: this share of what the site served, while
-                                 # the queue it built drains...
+                                 # the queue it built drains (its size from this quantile of the slow answers)...
+ADAPTIVE_DRAIN_QUANTILE = 0.9
 ADAPTIVE_LAND_SHARE = 0.9        # ... then this share of it (docs/decisions.md, "Capacity discovery")
 ADAPTIVE_STEP_RPS = 1.0          # after the first slow-down it climbs back by the larger of these
 ADAPTIVE_STEP_SHARE = 0.02       # ... (share of the limit) per judged bucket
