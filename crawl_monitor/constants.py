@@ -67,8 +67,8 @@ ADAPTIVE_DISCOVERY_SAMPLES = 4   # past its limit (discovery) a doubling needs t
 ADAPTIVE_DISCOVERY_SECONDS = 0.9  # ... to requests sent over a look (each second, give or take) at the current grant
 ADAPTIVE_DECREASE = 0.7          # x this when responses slow down past the slow start
 ADAPTIVE_DRAIN_SHARE = 0.5       # a slow start that overran its site: this share of what the site served, while
-                                 # the queue it built drains (its size from this quantile of the slow answers)...
-ADAPTIVE_DRAIN_QUANTILE = 0.9
+                                 # the queue it built drains...
+ADAPTIVE_DRAIN_QUANTILE = 0.9    # ... (the queue's delay: this quantile of the slow answers' times)...
 ADAPTIVE_LAND_SHARE = 0.9        # ... then this share of it (docs/decisions.md, "Capacity discovery")
 ADAPTIVE_STEP_RPS = 1.0          # after the first slow-down it climbs back by the larger of these
 ADAPTIVE_STEP_SHARE = 0.02       # ... (share of the limit) per judged bucket
