@@ -229,6 +229,7 @@ class RealRun:
     web_late: list[float] = field(default_factory=list)  # seconds the simulated web's loop ran late, each time
     web_gc: list[float] = field(default_factory=list)    # seconds of each of its full garbage collections
     split: dict[str, float] = field(default_factory=dict)  # process kind -> CPU seconds (the bench's own apart)
+    last_sites: tuple[tuple[str, float], ...] = ()  # the sites asked last: (site, s after the first image request)
 
     def row(self, urls: int) -> str:
         last = f"{self.last_outcome:.1f}" if self.finished else f">{self.last_outcome:.0f} (unfinished)"
@@ -260,7 +261,7 @@ def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Pat
     return RealRun("img2dataset", len(real.plan), images, wall, True, cpu, sites_saw(real, web),
                    first_request=times[0] - wall_clock, span=times[-1] - times[0],
                    busiest_done=busiest_last(real, web) - wall_clock, web_late=[late for _, late in web.late],
-                   web_gc=[took for _, took in web.collections], split=split)
+                   web_gc=[took for _, took in web.collections], split=split, last_sites=last_sites(web, times[0]))
 
 
 def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, keep: bool, timeout: float,
@@ -293,7 +294,15 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
                    waiting=dict(waiting.most_common()), first_request=times[0] - wall_clock,
                    span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock,
                    web_late=[late for _, late in web.late],
-                   web_gc=[took for _, took in web.collections], split=split)
+                   web_gc=[took for _, took in web.collections], split=split, last_sites=last_sites(web, times[0]))
+
+
+def last_sites(web: WebApart, first: float, most: int = 3) -> tuple[tuple[str, float], ...]:
+    """The ``most`` sites whose last image request came last, with its seconds after ``first``:
+    what ended a round, even one whose logs were not kept."""
+    last = {name: max((r.time for r in site.log if r.path not in RULES_PATHS), default=first)
+            for name, site in web.sites.items()}
+    return tuple((name, at - first) for name, at in sorted(last.items(), key=lambda item: -item[1])[:most])
 
 
 def busiest_last(real: RealWeb, web: WebApart) -> float:
@@ -358,6 +367,9 @@ def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: di
         print(f"round {n}: the simulated web ran late (> {LATE_SECONDS} s) "
               + "; ".join(f"under {run.system} {len(run.web_late)} times, at most {max(run.web_late, default=0):.2f} s "
                           f"({len(run.web_gc)} full collections, the longest {max(run.web_gc, default=0):.2f} s)"
+                          for run in (peer, ours)))
+        print(f"round {n}: the sites asked last, seconds after the first image request: "
+              + "; ".join(f"{run.system} " + ", ".join(f"{site} {at:.1f}" for site, at in run.last_sites)
                           for run in (peer, ours)))
         print(f"round {n}: CPU ms an image by process kind (sampled every 0.5 s): "
               f"img2dataset: {per_image_by_kind(peer.split, peer.images)}; "
