@@ -130,8 +130,8 @@ def start_share(limit: float, cap: float | None) -> float:
 def doubling_evidence(level: float) -> tuple[int, float]:
     """(fresh answers, seconds at the current grant) a slow-start doubling from ``level`` (a
     share of the limit) needs: a few below the limit; past it, where only the site's answers
-    vouch for the rate, more answers, over a second, so a site whose queue builds at the
-    new rate is heard before the next doubling."""
+    vouch for the rate, more answers, over a look (about a second), so a site whose queue builds
+    at the new rate is heard before the next doubling."""
     if level < 1.0:
         return ADAPTIVE_SLOW_START_SAMPLES, 0.0
     return ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS
@@ -284,8 +284,8 @@ class Controller:
             if overran or median is None or baseline is None:  # refusals: one doubling back, by steps from there
                 self.multiplier = max(lowest, level / 2)
             else:  # slow: its queue drained, then near what it served (its capacity)
-                overrun = [first_slow, *self.fresh] if first_slow is not None else list(self.fresh)
-                served = answered_rate(reversed(overrun), now, float("inf")) / ceiling  # since the first slow look
+                assert first_slow is not None  # a slow median ends it only on the second slow look
+                served = answered_rate(reversed([first_slow, *self.fresh]), now, float("inf")) / ceiling
                 queued_ms = quantile_ms(bins, ADAPTIVE_DRAIN_QUANTILE) or median
                 self.multiplier, seconds, self.landing_multiplier = landing(level, served, queued_ms, baseline, lowest)
                 self.drain_until = now + seconds

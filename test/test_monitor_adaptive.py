@@ -21,11 +21,17 @@ def reading(start: float, ms: float, n: int = 20, overload: int = 0) -> Reading:
     return Reading(int(start), {bin_of(ms / 1000): n} if n else {}, overload)
 
 
-def test_bins_give_the_median_within_a_bin_and_ignore_junk() -> None:
-    samples = [0.05 * (1 + i % 7) for i in range(101)]
+def binned(samples: list[float]) -> dict[int, int]:
+    """Times to first byte (s) counted in their bins, as a worker records them."""
     bins: dict[int, int] = {}
     for s in samples:
         bins[bin_of(s)] = bins.get(bin_of(s), 0) + 1
+    return bins
+
+
+def test_bins_give_the_median_within_a_bin_and_ignore_junk() -> None:
+    samples = [0.05 * (1 + i % 7) for i in range(101)]
+    bins = binned(samples)
     assert median_ms(bins) == pytest.approx(statistics.median(samples) * 1000, rel=0.2)
     assert bin_of(0) == 0 == bin_of(float("nan")) and bin_of(10_000) == 68  # clamped both ways
     assert parse_bucket({"12": "3", "x": "9", "13": "-1", "14": "abc", OVERLOAD_FIELD: "2", "999": "1"}) == ({12: 3}, 2)
@@ -35,10 +41,7 @@ def test_bins_give_the_median_within_a_bin_and_ignore_junk() -> None:
 @pytest.mark.parametrize("share", [0.1, 0.5, 0.75, 0.9])
 def test_bins_give_any_quantile_within_a_bin(share: float) -> None:
     samples = sorted(0.05 * (1 + i % 7) + 0.001 * i for i in range(101))
-    bins: dict[int, int] = {}
-    for s in samples:
-        bins[bin_of(s)] = bins.get(bin_of(s), 0) + 1
-    assert quantile_ms(bins, share) == pytest.approx(samples[round(share * 100)] * 1000, rel=0.2)
+    assert quantile_ms(binned(samples), share) == pytest.approx(samples[round(share * 100)] * 1000, rel=0.2)
     assert quantile_ms({}, share) is None
 
 
