@@ -28,8 +28,8 @@ to requests made after the last doubling, tell "as fast as at first" from "slowe
 first slow-down ends the slow start: overload answers at once, halving the multiplier (back to
 the last rate answered fast); a slow median once the next fresh answers are slow too
 (``slow_start_move``), landing near what the site served over both slow looks, its capacity,
-once the queue our requests built there (its slowest answers' delay) has drained at half of it
-(``landing``). Capacity discovery is
+once the queue our requests built there (what waited for its slowest answers, and what was sent
+past its capacity while they came) has drained at half of it (``landing``). Capacity discovery is
 the same controller with a higher top: a source the regulator lets discover starts at a tenth
 of its ``cap`` and climbs past its limit (multiplier above 1) up to it; past the limit a
 doubling needs more fresh answers, to requests sent over a look (about a second) at the current
@@ -58,8 +58,8 @@ from crawl_monitor.active_sources import active_since
 from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
-                                     ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_QUANTILE,
-                                     ADAPTIVE_DRAIN_SHARE,
+                                     ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_MAX_SECONDS,
+                                     ADAPTIVE_DRAIN_QUANTILE, ADAPTIVE_DRAIN_SHARE,
                                      ADAPTIVE_FLOOR_RPS, ADAPTIVE_LAND_SHARE,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
@@ -153,12 +153,16 @@ def landing(level: float, served: float, slow_ms: float, baseline_ms: float, low
     """Where a slow start that overran its site goes: (a level to drain at, for how many seconds,
     the level after). ``served``: the site's answers a second while it was slow, as a share of the
     limit (what it can take); ``slow_ms`` over ``baseline_ms``: the queue our requests built there.
-    At ADAPTIVE_DRAIN_SHARE of what it served, that queue drains in its delay / (1 - the share);
-    then ADAPTIVE_LAND_SHARE of it, never above the level that overran it."""
+    The queue holds what waited when the slow answers' requests came (their delay at ``served``)
+    and what was sent past ``served`` since, at ``level``, over the ``slow_ms`` their answers took
+    to tell; at ADAPTIVE_DRAIN_SHARE of what the site serves it drains at the rest of its rate
+    (for at most ADAPTIVE_DRAIN_MAX_SECONDS; not at all if the floor is what the site serves); then
+    ADAPTIVE_LAND_SHARE of it, never above the level that overran it."""
     drain = max(lowest, min(level, ADAPTIVE_DRAIN_SHARE * served))
-    queued = max(0.0, slow_ms - baseline_ms) / 1000
+    queued = served * max(0.0, slow_ms - baseline_ms) / 1000 + max(0.0, level - served) * slow_ms / 1000
+    seconds = min(ADAPTIVE_DRAIN_MAX_SECONDS, queued / (served - drain)) if served > drain else 0.0
     after = max(lowest, min(level, ADAPTIVE_LAND_SHARE * served))
-    return drain, queued / (1 - ADAPTIVE_DRAIN_SHARE), after
+    return drain, seconds, after
 
 
 SLOW, FAST = "slow", "fast"

@@ -330,11 +330,14 @@ def test_an_overrun_lands_by_what_the_site_served_over_both_slow_looks() -> None
 
 
 @pytest.mark.parametrize("level, served, slow_ms, baseline_ms, lowest, expected", [
-    (19.9, 10.75, 1169, 200, 1.0, (5.375, 1.938, 9.675)),  # doubled past a 10.75 req/s site: a 1-s queue
-    (12.8, 10.75, 420, 200, 1.0, (5.375, 0.44, 9.675)),    # just past it: a short drain
+    # doubled past a 10.75 req/s site: 10.4 requests waited 0.97 s, and 10.7 more were sent past what
+    # it served while their answers took 1.17 s to tell: 21.1 drain at 5.375 a second
+    (19.9, 10.75, 1169, 200, 1.0, (5.375, 3.928, 9.675)),
+    (12.8, 10.75, 420, 200, 1.0, (5.375, 0.6, 9.675)),      # just past it: a short drain
     (6.4, 8.0, 500, 200, 1.0, (4.0, 0.6, 6.4)),             # it served more than we sent: never above the level
-    (3.2, 0.5, 900, 300, 1.0, (1.0, 1.2, 1.0)),             # never below the floor
-    (0.4, 0.3, 800, 200, 0.025, (0.15, 1.2, 0.27)),         # below a catalog source's limit alike
+    (3.2, 0.5, 900, 300, 1.0, (1.0, 0.0, 1.0)),             # never below the floor, where nothing drains
+    (0.4, 0.3, 800, 200, 0.025, (0.15, 1.733, 0.27)),       # below a catalog source's limit alike
+    (32, 1.0, 8000, 200, 0.03125, (0.5, 30.0, 0.9)),        # 32 a second to a site serving 1: at most 30 s
 ])
 def test_an_overrun_slow_start_drains_its_queue_then_lands_near_what_the_site_served(
         level, served, slow_ms, baseline_ms, lowest, expected) -> None:
