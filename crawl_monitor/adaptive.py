@@ -30,7 +30,7 @@ the last rate answered fast); a slow median once the next fresh answers are slow
 (``slow_start_move``), landing near what the site served over both slow looks, its capacity,
 once the queue our requests built there (what waited for its slowest answers, and what was sent
 past its capacity while they came) has drained at half of it (``landing``). Capacity discovery is
-the same controller with a higher top: a source the regulator lets discover starts at a tenth
+the same controller with a higher top: a source the regulator lets discover starts at a fifth
 of its ``cap`` and climbs past its limit (multiplier above 1) up to it; past the limit a
 doubling needs more fresh answers, to requests sent over a look (about a second) at the current
 grant (``doubling_evidence``), so a site whose queue builds is heard before the next doubling and
@@ -58,6 +58,7 @@ from crawl_monitor.active_sources import active_since
 from crawl_monitor.batched_keys import BatchedKeys
 from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
+                                     ADAPTIVE_DISCOVERY_START_SHARE,
                                      ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_MAX_SECONDS,
                                      ADAPTIVE_DRAIN_QUANTILE, ADAPTIVE_DRAIN_SHARE,
                                      ADAPTIVE_FLOOR_RPS, ADAPTIVE_LAND_SHARE,
@@ -123,8 +124,10 @@ def top_share(limit: float, cap: float | None) -> float:
 
 
 def start_share(limit: float, cap: float | None) -> float:
-    """Where a slow start begins: a tenth of the top (the limit, or discovery's ceiling)."""
-    return ADAPTIVE_START_SHARE * top_share(limit, cap)
+    """Where a slow start begins: a tenth of the limit; a fifth of discovery's ceiling above it
+    (docs/decisions.md, "Capacity discovery": an overrun there drains and lands within seconds)."""
+    top = top_share(limit, cap)
+    return top * (ADAPTIVE_DISCOVERY_START_SHARE if top > 1 else ADAPTIVE_START_SHARE)
 
 
 def doubling_evidence(level: float) -> tuple[int, float]:

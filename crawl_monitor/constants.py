@@ -58,8 +58,8 @@ SPLIT_PARTITION_CHECK_SECONDS = 60.0  # how soon partitions an operator adds to 
 
 # --- Adaptive back-off (crawl_monitor.adaptive; docs/decisions.md, "Adaptive back-off").
 ADAPTIVE_FLOOR_RPS = 1.0         # adaptation never takes a source below this (nor above its limit)
-ADAPTIVE_START_SHARE = 0.1       # a source new to the monitor starts at this share of its limit (of its
-                                 # discovery ceiling if it may discover)...
+ADAPTIVE_START_SHARE = 0.1       # a source new to the monitor starts at this share of its limit...
+ADAPTIVE_DISCOVERY_START_SHARE = 0.2  # ... one that may discover past it, at this share of its discovery ceiling...
 ADAPTIVE_SLOW_START_SAMPLES = 3  # ... doubles each time this many fresh answers are as fast as at first
 ADAPTIVE_ANSWER_LAG_SECONDS = 0.25  # ... counting answers recorded this long (plus the site's time) after
                                     # the change: a worker records one after its image work and upload

@@ -6,6 +6,7 @@ import statistics
 import pytest
 
 from common import contracts
+from crawl_monitor import adaptive
 from common.response_times import (OVERLOAD_FIELD, RESPONSE_BUCKET_SECONDS, bin_of, bucket_start, median_ms,
                                    parse_bucket, quantile_ms)
 from crawl_monitor.adaptive import (DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading, doubling_evidence,
@@ -262,13 +263,13 @@ def test_discovery_holds_a_list_site_near_its_capacity_and_never_above_the_ceili
 def test_discovery_climbs_only_while_answers_stay_fast() -> None:
     """Multiplicatively in the slow start, then by steps; never past the cap; down at the first slow-down."""
     c = Controller()
-    assert c.rate(1, 32) == pytest.approx(3.2)  # a 1 req/s list site starts at a tenth of its cap...
+    assert c.rate(1, 32) == pytest.approx(6.4)  # a 1 req/s list site starts at a fifth of its cap...
     rates = []
     for i in range(12):
         c.observe_fresh(fresh(T0 + i, 30, n=40), 1, T0 + i + 1, 32)
         rates.append(c.rate(1, 32))
     # each grant held for a second of answers to its own requests (a look more for their lag)
-    assert rates == pytest.approx([6.4, 6.4, 12.8, 12.8, 25.6, 25.6, 32, 32, 32, 32, 32, 32])
+    assert rates == pytest.approx([12.8, 12.8, 25.6, 25.6, 32, 32, 32, 32, 32, 32, 32, 32])
     assert not c.slow_start  # ... and doubles to it
     assert c.observe(reading(T0 + 20, 300), 1, T0 + 23, cap=32) == DOWN  # 10x its unloaded time
     assert c.rate(1, 32) == pytest.approx(32 * 0.7)
@@ -281,7 +282,8 @@ def test_discovery_climbs_only_while_answers_stay_fast() -> None:
 @pytest.mark.parametrize("level, evidence", [(0.1, (3, 0.0)), (0.99, (3, 0.0)), (1.0, (4, 0.9)), (12.8, (4, 0.9))])
 def test_a_doubling_past_the_limit_needs_more_answers_over_a_second(level, evidence) -> None:
     assert doubling_evidence(level) == evidence
-    assert start_share(1, 32) == pytest.approx(3.2) and start_share(40, 32) == start_share(40, None) == 0.1
+    assert start_share(1, 32) == pytest.approx(6.4)  # a fifth of discovery's ceiling
+    assert start_share(40, 32) == start_share(40, None) == 0.1  # a tenth of a limit with nothing to discover
 
 
 @pytest.mark.parametrize("answers, verdicts", [
@@ -298,7 +300,8 @@ def test_a_doubling_past_the_limit_needs_more_answers_over_a_second(level, evide
      [UP, HOLD, HOLD, UP, HOLD, UP, HOLD]),                                    # doubles on after a second of fast
     ([(200, 8), (200, 8), (1804, 8), (200, 8), (1804, 8)], [UP, HOLD, HOLD, UP, HOLD]),  # fast between: unconfirmed
 ])
-def test_the_discovery_slow_start_doubles_only_on_enough_fresh_fast_answers(answers, verdicts) -> None:
+def test_the_discovery_slow_start_doubles_only_on_enough_fresh_fast_answers(answers, verdicts, monkeypatch) -> None:
+    monkeypatch.setattr(adaptive, "ADAPTIVE_DISCOVERY_START_SHARE", 0.1)  # the rules of evidence, from 3.2 req/s
     c = Controller()
     got = [c.observe_fresh(fresh(T0 + i, ms, n=n), 1, T0 + i + 1, 32) for i, (ms, n) in enumerate(answers)]
     assert got == verdicts
@@ -368,9 +371,10 @@ def test_the_slow_start_ends_on_overload_or_a_confirmed_slow_median(verdict, ove
 
 
 @pytest.mark.parametrize("per_second, rates", [
-    (2, [3.2, 4, 4, 4, 4, 4]),                # the workers send 2 a second: 4 req/s at most
-    (5, [6.4, 6.4, 10, 10, 10, 10]),          # 5 a second: twice that
-    (40, [6.4, 6.4, 12.8, 12.8, 25.6, 25.6]),  # as granted: doubles
+    (2, [6.4] * 6),                              # the workers send 2 a second: 4 req/s at most, below the start
+    (5, [10] * 6),                               # 5 a second: twice that at once
+    (10, [12.8, 12.8, 20, 20, 20, 20]),          # 10 a second: a doubling, then twice that
+    (40, [12.8, 12.8, 25.6, 25.6, 32, 32]),      # as granted: doubles to the ceiling
 ])
 def test_a_discovering_grant_grows_to_at_most_twice_what_the_site_answered(per_second, rates) -> None:
     c = Controller()

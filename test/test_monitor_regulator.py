@@ -308,7 +308,7 @@ async def test_a_list_site_is_granted_what_it_discovers_and_an_override_pins_it(
     assert regulator.limit_of("list.example") == 32.0  # spread for the ceiling before its first tick
     assert regulator.limit_of("catalog.example") == 1.0
     await regulator.tick(T0)
-    assert regulator.rates == {"catalog.example": 1.0, "list.example": 3.2, "pinned.example": 1.0}  # a tenth of 32
+    assert regulator.rates == {"catalog.example": 1.0, "list.example": 6.4, "pinned.example": 1.0}  # a fifth of 32
     for source in regulator.rates:  # as if each had answered fast at every doubling
         adaptation.controllers[source] = Controller(multiplier=50.0, slow_start=False)
     grants = await regulator.tick(T0 + 1)
