@@ -48,7 +48,7 @@ class Site:
 
 
 SITES = {"musiczone": Site(266, None, 0.181), "craftpics": Site(160, 2, 0.186), "weddingclub": Site(120, 2, 0.229)}
-# --slow: sites of one slot, 100 URLs, each slower than the last doubling can tell apart from its start.
+# --slow: sites of one slot and 100 URLs at 2-12 req/s, near and below where a slow start begins.
 SLOW_SITES = {f"{rate}-per-s": Site(100, 1, 1 / rate) for rate in (2, 3, 4, 5, 6, 8, 12)}
 
 

@@ -6,9 +6,9 @@ import statistics
 import pytest
 
 from common import contracts
-from crawl_monitor import adaptive
 from common.response_times import (OVERLOAD_FIELD, RESPONSE_BUCKET_SECONDS, bin_of, bucket_start, median_ms,
                                    parse_bucket, quantile_ms)
+from crawl_monitor import adaptive
 from crawl_monitor.adaptive import (DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading, doubling_evidence,
                                     landing, slow_start_move, start_share)
 from crawl_monitor.constants import ADAPTIVE_FLOOR_RPS, ADAPTIVE_READINGS_KEPT, ADAPTIVE_START_SHARE
