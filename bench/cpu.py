@@ -120,8 +120,8 @@ EXEC_GRACE_SECONDS = 1.0  # a child younger than this with its parent's command 
 
 
 def process_kind(pid: int) -> str:
-    """What a process of a command is, from its command line (the list reader's forkserver
-    and its children are the command's; other spawned processes are a worker's image pool).
+    """What a process of a command is, from its command line (the list reader's pool processes,
+    spawned by the command, are the command's; other spawned processes are a worker's image pool).
     A child caught between its fork and its exec still shows its parent's command line (an
     image process read as a worker): while young, it is "other", which KindSampler reads again."""
     try:
@@ -131,7 +131,13 @@ def process_kind(pid: int) -> str:
             return "other"
     except OSError:
         return "gone"
-    for marker, kind in ((b"forkserver", "command"), (b"multiprocessing", "image pool"), (b"-m worker", "workers"),
+    if b"multiprocessing" in line:
+        try:
+            spawner = _command_line(parent)
+        except OSError:
+            spawner = b""
+        return "command" if b"url_lists" in spawner else "image pool"
+    for marker, kind in ((b"-m worker", "workers"),
                          (b"resolving_worker", "workers"),
                          (b"tansu", "tansu"), (b"valkey", "valkey"), (b"redis", "valkey"),
                          (b"crawl_monitor", "monitor"), (b"weed", "seaweedfs"), (b"url_lists", "command"),

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from redis import Redis
 from common import contracts
 from common.kafka import consumer_config
 from devstack.servers import kafka_server
+from test.test_crawl_e2e import assert_none_left
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +95,8 @@ def test_a_jsonl_list_becomes_messages_bad_rows_are_reported_and_sites_counted(
 
 def test_killed_halfway_and_resumed_every_row_once(own_kafka: str, stack_env: dict[str, str],
                                                    redis_url: str, tmp_path: Path) -> None:
-    env = {**stack_env, "KAFKA_HOSTS": own_kafka}
+    marker = uuid.uuid4().hex
+    env = {**stack_env, "KAFKA_HOSTS": own_kafka, "CRAWL_E2E_MARKER": marker}
     rows = 120_000
     path = tmp_path / "list.parquet"
     pq.write_table(pa.table({"url": [f"https://img{n % 3}.site{n % 50}.example/{n}.jpg" for n in range(rows)],
@@ -112,6 +115,7 @@ def test_killed_halfway_and_resumed_every_row_once(own_kafka: str, stack_env: di
         time.sleep(0.01)
     first.send_signal(signal.SIGKILL)
     first.wait()
+    assert_none_left(marker)  # nor its pool: a killed producer leaves nothing running
     stopped_at = json.loads(progress.read_text())
     assert not stopped_at["done"] and stopped_at["next_row"] < rows, stopped_at
     done = run_producer(env, str(path), "--progress-file", str(progress))

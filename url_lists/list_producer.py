@@ -42,7 +42,7 @@ from url_lists.progress import (Batch, InFlight, Progress, delivered_rows, inbou
                                               run_id)
 from url_lists.readers import Batch as ReadBatch
 from url_lists.readers import FORMATS, BadFile, Columns, expand, format_of, read_batches
-from url_lists.rows import Converted, convert_batch, ignore_interrupts
+from url_lists.rows import Converted, convert_batch, start_pool_process
 
 T = TypeVar("T")
 SAVE_SECONDS = 1.0            # how often the progress file is rewritten while producing
@@ -217,7 +217,10 @@ class InProcess(Executor):
 def _pool(processes: int) -> Executor:
     if processes == 0:
         return InProcess()
-    return ProcessPoolExecutor(processes, multiprocessing.get_context("forkserver"), initializer=ignore_interrupts)
+    # Spawned, so each is the producer's own child and can die with it (a forkserver's children
+    # hold its liveness pipe open: a SIGKILLed producer left them and the forkserver running).
+    return ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), initializer=start_pool_process,
+                               initargs=(os.getpid(),))
 
 
 def _end_of_file() -> Future[Converted]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from common import contracts
 from common.hosts import Origin
+from common.process import die_with_parent
 from url_lists.tsv_producer import with_scheme
 from url_lists.sites import site_of_host
 
@@ -124,6 +125,8 @@ def convert_batch(values: list[tuple[Any, ...] | None], errors: dict[int, str], 
     return out
 
 
-def ignore_interrupts() -> None:
-    """A pool process leaves Ctrl-C to the producer, which stops it in order."""
+def start_pool_process(producer_pid: int) -> None:
+    """A pool process leaves Ctrl-C to the producer, which stops it in order, and dies with it
+    when it is killed (SIGKILL, the OOM killer), so nothing of a killed producer runs on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(producer_pid)
