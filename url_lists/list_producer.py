@@ -217,8 +217,8 @@ class InProcess(Executor):
 def _pool(processes: int) -> Executor:
     if processes == 0:
         return InProcess()
-    # Spawned, so each is the producer's own child and can die with it (a forkserver's children
-    # hold its liveness pipe open: a SIGKILLed producer left them and the forkserver running).
+    # Spawned, so each is the producer's own child and dies with it (start_pool_process); a
+    # forkserver's children hold its liveness pipe open, so neither would notice the producer's death.
     return ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), initializer=start_pool_process,
                                initargs=(os.getpid(),))
 
