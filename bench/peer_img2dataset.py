@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.cpu import KindSampler, per_image_by_kind, proc_cpu
+from bench.grant_trace import GrantSampler, format_rows, trace_rows
 from common.contracts import EVENT_CRAWL_HALTED
 from bench.real_web import RealWeb, SitesSaw, build_real_web, sites_saw, unloaded_latency, write_sitecustomize
 from bench.web_apart import LATE_SECONDS, WebApart
@@ -230,6 +231,7 @@ class RealRun:
     web_gc: list[float] = field(default_factory=list)    # seconds of each of its full garbage collections
     split: dict[str, float] = field(default_factory=dict)  # process kind -> CPU seconds (the bench's own apart)
     last_sites: tuple[tuple[str, float], ...] = ()  # the sites asked last: (site, s after the first image request)
+    trace: tuple[str, ...] = ()  # --trace: each traced site's grant beside its requests (bench.grant_trace)
 
     def row(self, urls: int) -> str:
         last = f"{self.last_outcome:.1f}" if self.finished else f">{self.last_outcome:.0f} (unfinished)"
@@ -265,7 +267,7 @@ def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Pat
 
 
 def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, keep: bool, timeout: float,
-                  settings: dict[str, str]) -> RealRun:
+                  settings: dict[str, str], trace: tuple[str, ...] = ()) -> RealRun:
     """Every politeness rule on but the private-network guard; each site rated by its count in
     the list (the list producer); workers that resolve from the hosts file only."""
     web = WebApart(real.specs, log_path=sites_log(work, keep, "ours"))
@@ -275,8 +277,9 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
         servers0, cpu0, started, wall_clock = proc_cpu(servers), children_cpu(), time.monotonic(), time.time()
         sampler = KindSampler(os.getpid(), skip=frozenset({web.pid or 0}), root_kind="bench")
-        with crawl(web, real.plan, base, work / "ours", PROCESSES, worker_module="test.resolving_worker",
-                   url_list=url_list, **{HOSTS_FILE_ENV: str(hosts_file)}, **settings) as (cluster, outcomes):
+        with GrantSampler(addresses.redis_url, trace) as grants, \
+                crawl(web, real.plan, base, work / "ours", PROCESSES, worker_module="test.resolving_worker",
+                      url_list=url_list, **{HOSTS_FILE_ENV: str(hosts_file)}, **settings) as (cluster, outcomes):
             # A dead host's robots.txt is an outage: its URLs wait (ROBOTS_UNAVAILABLE_GIVE_UP), counted apart.
             live = {p.uuid for p in real.plan if p.source not in real.dead_sites}
             deadline = started + timeout
@@ -294,7 +297,10 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
                    waiting=dict(waiting.most_common()), first_request=times[0] - wall_clock,
                    span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock,
                    web_late=[late for _, late in web.late],
-                   web_gc=[took for _, took in web.collections], split=split, last_sites=last_sites(web, times[0]))
+                   web_gc=[took for _, took in web.collections], split=split, last_sites=last_sites(web, times[0]),
+                   trace=tuple(line for site in trace  # a list site's source is its name
+                               for line in format_rows(site, trace_rows(grants.samples[site], web.sites[site].log,
+                                                                        times[0]))))
 
 
 def last_sites(web: WebApart, first: float, most: int = 3) -> tuple[tuple[str, float], ...]:
@@ -338,7 +344,7 @@ def main_real(args: argparse.Namespace) -> None:
             folder = work / str(round_)
             folder.mkdir()
             peer = run_peer_real(real, url_list, hosts_file, resolver, folder, keep)
-            ours = run_ours_real(real, url_list, hosts_file, folder, keep, args.timeout, settings)
+            ours = run_ours_real(real, url_list, hosts_file, folder, keep, args.timeout, settings, tuple(args.trace))
             runs.append((peer, ours))
             print(f"round {round_ + 1}: img2dataset {peer.last_outcome:.1f} s, this crawler "
                   f"{ours.last_outcome:.1f} s{'' if ours.finished else ' (did not finish)'}", flush=True)
@@ -414,6 +420,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternate the two this many times")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep its logs, the sites' requests too "
                         "(default: a temporary one)")
+    parser.add_argument("--trace", action="append", default=[], metavar="SITE",
+                        help="real: print each round's grant to SITE (e.g. craftpics.test) every 0.5 s beside its "
+                             "requests and their median time (repeatable; bench/grant_trace.py)")
     parser.add_argument("--one-command", type=int, nargs="?", const=20_000, metavar="URLS",
                         help="instead: img2dataset and python -m url_lists crawl, one command each, on the same "
                              "list of URLS (20,000), webdataset, timed from command start to exit "
