@@ -382,6 +382,8 @@ def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: di
               f"this crawler: {per_image_by_kind(ours.split, ours.images)}")
         print(f"round {n}: this crawler's time to the last outcome {verdict}; "
               f"CPU per image {ours.cpu / max(1, ours.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
+        if ours.trace:
+            print(f"round {n}: this crawler's grant beside the traced sites' requests:", *ours.trace, sep="\n")
     if len(runs) > 1:  # a round's ratio moves with the machine's minute: the spread says how much
         times = sorted(ours.last_outcome / peer.last_outcome for peer, ours in runs)
         print(f"over {len(runs)} rounds: this crawler's time to the last outcome {statistics.median(times):.2f}x "
