@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from common import contracts
-from demo.simweb import RULES_PATHS, RequestRecord
+from demo.simweb import RequestRecord, fetches
 
 SAMPLE_SECONDS = 0.25
 BIN_SECONDS = 0.5
@@ -51,7 +51,7 @@ def phase(sample: Sample | None, at: float) -> str:
 def trace_rows(samples: Iterable[Sample], requests: Iterable[RequestRecord], first: float,
                bin_seconds: float = BIN_SECONDS) -> list[Row]:
     """Bins from ``first`` (wall clock) to the site's last image request."""
-    images = sorted((r for r in requests if r.path not in RULES_PATHS), key=lambda r: r.time)
+    images = sorted(fetches(requests), key=lambda r: r.time)
     ordered = sorted(samples, key=lambda s: s.time)
     if not images:
         return []

@@ -65,7 +65,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from demo.sample import PHOTOS, _photo, variant
 from devstack.stack import LocalStack
-from demo.simweb import RULES_PATHS, Planned, SimWeb, SiteSpec
+from demo.simweb import Planned, SimWeb, SiteSpec, fetches
 from test.resolving_worker import HOSTS_FILE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ def children_cpu() -> float:
 
 
 def image_requests(web: SimWeb | WebApart) -> list[float]:
-    return sorted(r.time for r in web.all_requests() if r.path not in RULES_PATHS)
+    return sorted(r.time for r in fetches(web.all_requests()))
 
 
 def ensure_peer() -> None:
@@ -306,14 +306,14 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
 def last_sites(web: WebApart, first: float, most: int = 3) -> tuple[tuple[str, float], ...]:
     """The ``most`` sites whose last image request came last, with its seconds after ``first``:
     what ended a round, even one whose logs were not kept."""
-    last = {name: max((r.time for r in site.log if r.path not in RULES_PATHS), default=first)
+    last = {name: max((r.time for r in fetches(site.log)), default=first)
             for name, site in web.sites.items()}
     return tuple((name, at - first) for name, at in sorted(last.items(), key=lambda item: -item[1])[:most])
 
 
 def busiest_last(real: RealWeb, web: WebApart) -> float:
     """When the busiest site saw its last image request (wall clock)."""
-    return max(r.time for r in web.sites[real.sites[0].site].log if r.path not in RULES_PATHS)
+    return max(r.time for r in fetches(web.sites[real.sites[0].site].log))
 
 
 def halts(monitor_log: Path, busiest: str) -> tuple[int, int]:

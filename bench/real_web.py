@@ -22,7 +22,7 @@ from bench.list_shape import ShapedSite, shape_sites
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY
 from demo.sample import PHOTOS, _photo, variant
 from bench.web_apart import WebApart
-from demo.simweb import RULES_PATHS, Planned, SiteSpec, busiest_second
+from demo.simweb import Planned, SiteSpec, busiest_second, fetches
 from url_lists.rows import derived_identifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,10 +155,10 @@ class SitesSaw:
 def sites_saw(real: RealWeb, web: WebApart) -> SitesSaw:
     fragile = {site.site for site in real.fragile}
     disallowing = real.disallowing
-    peaks = {name: busiest_second(sorted(r.time for r in site.log if r.path not in RULES_PATHS))[0]
+    peaks = {name: busiest_second(sorted(r.time for r in fetches(site.log)))[0]
              for name, site in web.sites.items()}
     fastest = max(peaks.items(), key=lambda item: item[1])
     return SitesSaw(
-        {name: median_ms([r.served_in for r in web.sites[name].log if r.path not in RULES_PATHS]) for name in fragile},
-        sum(1 for name in disallowing for r in web.sites[name].log if r.path not in RULES_PATHS),
+        {name: median_ms([r.served_in for r in fetches(web.sites[name].log)]) for name in fragile},
+        sum(len(fetches(web.sites[name].log)) for name in disallowing),
         peaks[real.sites[0].site], fastest)

@@ -22,7 +22,7 @@ from demo.outcomes import CRAWL_ERRORS, LINK_ROT, OPTED_OUT, QUALITY, Outcomes
 from devstack.servers import DEV_CREDENTIALS
 from devstack.stack import StackAddresses
 from common.contracts import allowed_per_second
-from demo.simweb import RULES_PATHS, Planned, SimWeb, busiest_second, spec_rate
+from demo.simweb import Planned, SimWeb, busiest_second, fetches, spec_rate
 
 DOWNLOAD_THREADS = 8
 
@@ -82,7 +82,7 @@ def summarize(web: SimWeb, plan: list[Planned], outcomes: Outcomes, redis_url: s
     for name, site in web.sites.items():
         uuids = [p.uuid for p in plan if p.source.lower() == name]
         kinds = [outcomes.kind_of(u) for u in uuids]
-        times = [r.time for r in site.log if r.path not in RULES_PATHS]
+        times = [r.time for r in fetches(site.log)]
         span = max(times) - min(times) if len(times) > 1 else 0.0
         ceiling = client.hget(adaptive_key(name), ADAPTIVE_CEILING_FIELD)
         rows.append(SourceRow(

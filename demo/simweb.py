@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import IO
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 from aiohttp import web
@@ -153,6 +153,11 @@ class RequestRecord:
     sent_bytes: int | None = None
 
 
+def fetches(log: Iterable[RequestRecord]) -> list[RequestRecord]:
+    """The requests in ``log`` for a site's pages and images: not for its rules files (RULES_PATHS)."""
+    return [r for r in log if r.path not in RULES_PATHS]
+
+
 class Site:
     """A running website and its server-side request log."""
 
@@ -260,9 +265,9 @@ class Site:
         under way before the pause must show.
         """
         log = [r for r in list(self.log) if r.time >= since]
-        fetches = [r for r in log if r.path not in RULES_PATHS]
+        asked = fetches(log)
         found = []
-        times = sorted(r.time for r in fetches)
+        times = sorted(r.time for r in asked)
         peak, at = busiest_second(times)
         if peak > allowed_per_second(rate_limit):
             found.append(f"{self.spec.name}: {peak} requests in one second, limit {rate_limit:.2f}/s "
@@ -276,13 +281,13 @@ class Site:
             robots = Protego.parse(self.spec.robots_txt)
             token = user_agent.split("/")[0]
             found += [f"{self.spec.name}: fetched {r.path}, disallowed by robots.txt"
-                      for r in fetches if not robots.can_fetch(self.url(r.path), token)][:3]
+                      for r in asked if not robots.can_fetch(self.url(r.path), token)][:3]
             delay = robots.crawl_delay(token)
-            gaps = [b.time - a.time for a, b in pairwise(fetches)]
+            gaps = [b.time - a.time for a, b in pairwise(asked)]
             if delay and gaps and min(gaps) < delay - CLOCK_SLACK:
                 found.append(f"{self.spec.name}: requests {min(gaps):.3f}s apart, Crawl-delay {delay}")
         for paused in (r for r in log if r.status == 429):
-            early = [r for r in fetches if paused.time + 1.0 < r.time < paused.time + self.spec.retry_after]
+            early = [r for r in asked if paused.time + 1.0 < r.time < paused.time + self.spec.retry_after]
             if early:
                 found.append(f"{self.spec.name}: {len(early)} requests within Retry-After "
                              f"{self.spec.retry_after}s of a 429")

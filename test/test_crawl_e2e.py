@@ -39,7 +39,7 @@ from common.contracts import allowed_per_second
 from common.settings import DEFAULT_USER_AGENT
 from crawl_monitor.sources import rate_for_size
 from demo.cluster import Child, Cluster, module_argv
-from demo.simweb import BROKEN, IMAGE, MISSING, RULES_PATHS, SimWeb, SiteSpec, busiest_second
+from demo.simweb import BROKEN, IMAGE, MISSING, SimWeb, SiteSpec, busiest_second, fetches
 from test.resolving_worker import HOSTS_FILE_ENV
 from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a broker of this test's own
 from url_lists.dataset.keys import sample_key
@@ -167,7 +167,7 @@ def run_to_the_end(argv: list[str], env: dict[str, str], timeout: float) -> subp
 
 
 def image_requests(web: SimWeb) -> int:
-    return sum(1 for site in web.sites.values() for r in site.log if r.path not in RULES_PATHS)
+    return sum(len(fetches(site.log)) for site in web.sites.values())
 
 
 def output_rows(out: Path) -> list[dict[str, Any]]:
@@ -243,12 +243,12 @@ def assert_polite(world: World) -> None:
     count = Counter(site_of_host(row["host"]) for row in world.planned if "invalid" not in row)
     too_busy = []
     for name, site in world.web.sites.items():
-        peak, _ = busiest_second(sorted(r.time for r in site.log if r.path not in RULES_PATHS))
+        peak, _ = busiest_second(sorted(r.time for r in fetches(site.log)))
         if peak > allowed_per_second(max(rate_for_size(count[name]), DISCOVERY_CEILING)):
             too_busy.append((name, peak))
         assert {r.user_agent for r in site.log} <= {f"{DEFAULT_USER_AGENT} {TOKEN}"}
     assert not too_busy, f"sites that saw more than floor(rate) + 1 requests in a second: {too_busy[:5]}"
-    assert not [r for r in world.web.sites[world.specs[0].name].log if r.path not in RULES_PATHS], \
+    assert not fetches(world.web.sites[world.specs[0].name].log), \
         "a request robots.txt forbids"
 
 

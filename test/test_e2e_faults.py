@@ -24,7 +24,7 @@ from demo.crawl import crawl
 from demo.outcomes import QUALITY
 from devstack.servers import DEV_CREDENTIALS, free_port, kafka_server, redis_server, s3_server
 from test.conftest import BUCKET
-from demo.simweb import DISALLOW_PRIVATE, RULES_PATHS, Behaviour, SimWeb, standard_web, write_tsv
+from demo.simweb import DISALLOW_PRIVATE, Behaviour, SimWeb, fetches, standard_web, write_tsv
 from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a Kafka per crawl
 from test.test_e2e_crawl import assert_outcomes, assert_polite, fail_if_dead, outcome_report
 
@@ -210,7 +210,7 @@ def test_all_workers_stopped_together_then_one_started(crawl_env, tmp_path: Path
                 f"round {len(waits)}: the restarted worker made no request in {RESTART_REQUEST_WITHIN} s " \
                 f"(waits so far {waits}); see {tmp_path}"
         outcomes.wait(TIMEOUT, fail_if_dead(cluster))
-    asked = Counter((r.site, r.path) for r in web.all_requests() if r.path not in RULES_PATHS)
+    asked = Counter((r.site, r.path) for r in fetches(web.all_requests()))
     repeats = sum(n - 1 for n in asked.values())
     print(f"\n[restart] seconds from a lone worker's start to its first request: "
           f"{[round(w, 1) for w in waits]}; duplicates {outcomes.duplicates()}; repeated requests {repeats}")

@@ -37,7 +37,7 @@ from url_lists.rows import derived_identifier
 from demo.cluster import Child, Cluster, module_argv
 from demo.crawl import crawler_env
 from demo.outcomes import CRAWL_ERRORS, LINK_ROT, QUALITY, Outcomes
-from demo.simweb import BROKEN, IMAGE, MISSING, ROBOTS_PATH, RULES_PATHS, SimWeb, SiteSpec, busiest_second
+from demo.simweb import BROKEN, IMAGE, MISSING, ROBOTS_PATH, SimWeb, SiteSpec, busiest_second, fetches
 from test.resolving_worker import HOSTS_FILE_ENV
 from test.test_e2e_crawl import crawl_env  # noqa: F401 - the fixture: a broker of this test's own
 
@@ -165,7 +165,7 @@ def assert_polite_per_site(web: SimWeb, expected: dict[str, tuple[str, str]]) ->
         count[site] = count.get(site, 0) + 1
     too_busy = []
     for name, site in web.sites.items():
-        times = sorted(r.time for r in site.log if r.path not in RULES_PATHS)
+        times = sorted(r.time for r in fetches(site.log))
         peak, _ = busiest_second(times)
         if peak > allowed_per_second(rate_for_size(count.get(name, 0))):
             too_busy.append((name, peak))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from common.settings import DEFAULT_USER_AGENT, Settings
 from demo.crawl import crawl
-from demo.simweb import RULES_PATHS, SimWeb, spec_rate
+from demo.simweb import SimWeb, fetches, spec_rate
 from test.test_e2e_crawl import crawl_env, fail_if_dead  # noqa: F401 - crawl_env is a fixture
 from test.test_politeness_adaptive import site
 
@@ -37,7 +37,7 @@ def per_second(times: list[float], first: float, seconds: int) -> list[int]:
 
 def image_times(log) -> list[float]:
     """When the site's image requests came (its robots.txt and TDMRep file apart), in order."""
-    return sorted(r.time for r in log if r.path not in RULES_PATHS)
+    return sorted(r.time for r in fetches(log))
 
 
 def test_new_sources_reach_their_limits_within_seconds(crawl_env, tmp_path: Path, unique: str) -> None:  # noqa: F811
