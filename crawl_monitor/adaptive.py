@@ -365,8 +365,9 @@ class Controller:
                   "changed_at": self.changed_at if self.changed_at > float("-inf") else None,
                   "drain_until": self.drain_until,
                   "landing_multiplier": self.landing_multiplier if self.drain_until is not None else None}
-        return {name: f"{value:.15g}" if isinstance(value, float) else str(value)
-                for name, value in fields.items() if value is not None}
+        gone = ("drain_until", "landing_multiplier")  # dropped once landed: a monitor taking over must not land again
+        return {name: "" if value is None else f"{value:.15g}" if isinstance(value, float) else str(value)
+                for name, value in fields.items() if value is not None or name in gone}
 
     @classmethod
     def restored(cls, raw: dict) -> Controller:

@@ -37,12 +37,16 @@ for i, key in ipairs(KEYS) do out[i] = redis.call('SMEMBERS', key) end
 return out
 """
 
-# KEYS: n hashes; ARGV: their expiry (s), then per key its field count and its fields and values.
+# KEYS: n hashes; ARGV: their expiry (s), then per key its field count and its fields and values (an
+# empty value deletes its field).
 HSET_EXPIRE_MANY = """
 local at = 2
 for _, key in ipairs(KEYS) do
   local n = tonumber(ARGV[at])
   redis.call('HSET', key, unpack(ARGV, at + 1, at + 2 * n))
+  for i = at + 2, at + 2 * n, 2 do
+    if ARGV[i] == '' then redis.call('HDEL', key, ARGV[i - 1]) end
+  end
   redis.call('EXPIRE', key, ARGV[1])
   at = at + 1 + 2 * n
 end
@@ -100,7 +104,8 @@ class BatchedKeys:
         return [set(members) for members in await self._each_batch(self._smembers, keys)]
 
     async def save_hashes(self, mappings: dict[str, dict[str, str]], seconds: int) -> None:
-        """HSET each key's mapping (not empty) and EXPIRE it in ``seconds``."""
+        """HSET each key's mapping (not empty) and EXPIRE it in ``seconds``; a field whose value is
+        empty is deleted."""
         keys = list(mappings)
         for start in range(0, len(keys), KEYS_BATCH):
             batch = keys[start:start + KEYS_BATCH]

@@ -358,6 +358,28 @@ def test_no_verdict_while_an_overrun_drains_and_a_fresh_one_after_it_lands() -> 
     assert (restored.drain_until, restored.landing_multiplier) == (T0 + 3, 9.0)
 
 
+async def test_a_landed_source_keeps_no_drain_for_a_monitor_taking_over() -> None:
+    """SPEC.md: ``drain_until`` and ``landing_multiplier`` are there only while it drains; left in
+    ``adaptive:{source}`` after the landing, the next monitor would land it there again."""
+    redis = FakeAsyncRedis()
+    now = [T0 + 0.5]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    await adaptation.meet(["site"])
+    adaptation.controllers["site"] = Controller(multiplier=0.25, slow_start=False, baseline_ms=200, baseline_at=T0,
+                                                changed_at=T0, drain_until=T0 + 2, landing_multiplier=0.45)
+    adaptation.effective("site", 20)
+    await adaptation.update()
+    assert float(redis.store.hgetall(contracts.adaptive_key("site"))["drain_until"]) == T0 + 2
+    now[0] = T0 + 2.5
+    adaptation.effective("site", 20)
+    await adaptation.update()
+    saved = redis.store.hgetall(contracts.adaptive_key("site"))
+    assert "drain_until" not in saved and "landing_multiplier" not in saved
+    successor = Adaptation(redis, clock=lambda: now[0])
+    await successor.meet(["site"])
+    assert successor.controllers["site"].drain_until is None and successor.effective("site", 20) == 9.0
+
+
 @pytest.mark.parametrize("verdict, overload, slow_before, move", [
     ("slow", False, False, HOLD),   # one slow median: a worker's late loop, or the site? hear more
     ("slow", False, True, DOWN),    # confirmed by the next answers: the site

@@ -33,13 +33,15 @@ async def test_each_read_answers_as_its_command_in_the_order_of_the_keys(redis_c
 async def test_saved_hashes_are_set_and_expire_as_hset_and_expire_would(redis_client, unique) -> None:
     mappings = {f"{unique}:a:{n}": {"effective_rate": f"{n / 3:.6g}", "slow_start": str(n % 2)}
                 for n in range(KEYS_BATCH + 2)}
-    mappings[f"{unique}:one"] = {"enabled": "1"}
-    await redis_client.hset(f"{unique}:one", mapping={"kept": "yes"})
+    mappings[f"{unique}:one"] = {"enabled": "1", "gone": ""}
+    await redis_client.hset(f"{unique}:one", mapping={"kept": "yes", "gone": "12"})
     await BatchedKeys(redis_client).save_hashes(mappings, 3600)
     for key, mapping in mappings.items():
-        assert {k: v for k, v in (await redis_client.hgetall(key)).items() if k != "kept"} == mapping
+        assert {k: v for k, v in (await redis_client.hgetall(key)).items() if k != "kept"} == {
+            k: v for k, v in mapping.items() if v}
         assert 3590 < await redis_client.ttl(key) <= 3600
     assert (await redis_client.hgetall(f"{unique}:one"))["kept"] == "yes"  # HSET adds, as before
+    assert "gone" not in await redis_client.hgetall(f"{unique}:one")  # an empty value deletes its field
 
 
 async def test_buckets_up_to_a_cut_off_are_dropped_as_bucket_of_field_reads_them(redis_client, unique) -> None:

@@ -279,7 +279,11 @@ class FakeAsyncRedis:
             for key in keys:
                 n = int(args[at])
                 fields = args[at + 1:at + 1 + 2 * n]
-                store.hset(key, mapping=dict(zip(fields[::2], fields[1::2], strict=True)))
+                mapping = dict(zip(fields[::2], fields[1::2], strict=True))
+                store.hset(key, mapping=mapping)
+                for field, value in mapping.items():
+                    if value == "":
+                        store.hdel(key, field)
                 store.expire(key, int(args[0]))
                 at += 1 + 2 * n
             return len(keys)
