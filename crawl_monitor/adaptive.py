@@ -29,7 +29,8 @@ first slow-down ends the slow start: overload answers at once, halving the multi
 the last rate answered fast); a slow median once the next fresh answers are slow too
 (``slow_start_move``), landing near what the site served over both slow looks, its capacity,
 once the queue our requests built there (what waited for its slowest answers, and what was sent
-past its capacity while they came) has drained at half of it (``landing``). Capacity discovery is
+past its capacity while they came) has drained at half of it (``landing``), or as soon as answers
+to requests sent since come at the site's unloaded speed (``observe_drain``). Capacity discovery is
 the same controller with a higher top: a source the regulator lets discover starts at a fifth
 of its ``cap`` and climbs past its limit (multiplier above 1) up to it; past the limit a
 doubling needs more fresh answers, to requests sent over a look (about a second) at the current
@@ -60,7 +61,8 @@ from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
                                      ADAPTIVE_DISCOVERY_START_SHARE,
                                      ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_MAX_SECONDS,
-                                     ADAPTIVE_DRAIN_QUANTILE, ADAPTIVE_DRAIN_SHARE,
+                                     ADAPTIVE_DRAIN_QUANTILE, ADAPTIVE_DRAIN_SHARE, ADAPTIVE_DRAINED_FACTOR,
+                                     ADAPTIVE_DRAINED_MIN_EXTRA_MS,
                                      ADAPTIVE_FLOOR_RPS, ADAPTIVE_LAND_SHARE,
                                      ADAPTIVE_MIN_SAMPLES, ADAPTIVE_OVERLOAD_MIN, ADAPTIVE_OVERLOAD_SHARE,
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
@@ -344,6 +346,24 @@ class Controller:
         self._changed(now)
         return True
 
+    def observe_drain(self, reading: Reading, now: float) -> str:
+        """While an overrun's queue drains (``landing``): answers recorded from ``reading.start`` to
+        ``now``. Land at once when ADAPTIVE_SLOW_START_SAMPLES answers to requests made during the
+        drain come at the site's unloaded speed: nothing waited ahead of them, so the queue is gone.
+        The drain's length is an upper bound: the workers' per-host cap may have held back much of
+        what the grant allowed past the site's capacity."""
+        if self.drain_until is None or (reading.start + now) / 2 < self._settled(now):
+            return WAIT
+        self.fresh.append(reading)
+        bins, overload, total = _merged(reversed(self.fresh), ADAPTIVE_SLOW_START_SAMPLES)
+        median, baseline = median_ms(bins), self.baseline(now)
+        if total < ADAPTIVE_SLOW_START_SAMPLES or overloaded(overload, total) or median is None or baseline is None \
+                or median > max(ADAPTIVE_DRAINED_FACTOR * baseline, baseline + ADAPTIVE_DRAINED_MIN_EXTRA_MS):
+            return HOLD
+        self.drain_until = now
+        self.land(now)
+        return UP
+
     def _changed(self, now: float) -> None:
         """A new multiplier: only answers to requests made under it judge it."""
         self.changed_at = now
@@ -442,7 +462,7 @@ class Adaptation:
 
     async def update(self) -> None:
         """Once a second: the switches, the buckets that ended,
-        and the slow-starting sources' open buckets (for the answers recorded since the last look).
+        and the slow-starting and draining sources' open buckets (for the answers recorded since the last look).
 
         Only the sources the regulator granted a rate lately are considered (not every source
         ever seen), and of them only those with an outcome since the oldest due bucket
@@ -465,11 +485,14 @@ class Adaptation:
                         & set(sources))
         answered = active if due else []
         starting = [source for source in active if self._slow_starting(source)]
+        draining = [source for source in active if self.controllers[source].drain_until is not None
+                    and source not in self.disabled]
+        looked = starting + draining  # judged on the answers recorded since the last look
         open_buckets = (bucket_start(now) - RESPONSE_BUCKET_SECONDS, bucket_start(now))
         switches = await self._redis.mget([contracts.adaptive_off_key(s) for s in sources])
         rest = await self._keys.hashes(
             [contracts.response_times_key(source, start) for start in due for source in answered]
-            + [contracts.response_times_key(source, start) for source in starting for start in open_buckets])
+            + [contracts.response_times_key(source, start) for source in looked for start in open_buckets])
         buckets, opened = rest[:len(due) * len(answered)], rest[len(due) * len(answered):]
         self.disabled = {s for s, value in zip(sources, switches, strict=True) if value is not None}
         for source in self.disabled:  # judged or not this second
@@ -488,12 +511,17 @@ class Adaptation:
         observed.update(source for source in sources if self.controllers[source].land(now))
         raw_open = iter(opened)
         fresh = {source: self._since_last_look(source, {start: next(raw_open) for start in open_buckets}, now)
-                 for source in starting}
-        self._open_counts = {source: self._open_counts[source] for source in starting}
+                 for source in looked}
+        self._open_counts = {source: self._open_counts[source] for source in looked}
         for source, reading in fresh.items():
-            if reading.total and self._slow_starting(source):  # not if restored or switched off meanwhile
+            if not reading.total or source in self.disabled:  # switched off meanwhile
+                continue
+            controller = self.controllers[source]
+            if self._slow_starting(source):  # not if restored meanwhile
                 observed.add(source)
-                self.controllers[source].observe_fresh(reading, self._ceilings[source], now, self._caps[source])
+                controller.observe_fresh(reading, self._ceilings[source], now, self._caps[source])
+            elif controller.observe_drain(reading, now) == UP:
+                observed.add(source)
         await self._save(observed, sources)
 
     def _forget_unasked(self, now: float) -> None:

@@ -380,6 +380,24 @@ async def test_a_landed_source_keeps_no_drain_for_a_monitor_taking_over() -> Non
     assert successor.controllers["site"].drain_until is None and successor.effective("site", 20) == 9.0
 
 
+@pytest.mark.parametrize("answers, verdicts", [
+    # (ms, count) a look from the drain's start at T0: answers to requests made during it at the site's
+    # unloaded speed end it at once; slower ones, too few, or those to requests made before it do not
+    ([(200, 3)], [UP]),
+    ([(230, 3)], [UP]),                      # within 1.2x: nothing waited ahead of them
+    ([(700, 4), (400, 3), (210, 3)], [HOLD, HOLD, UP]),
+    ([(200, 2), (200, 1)], [HOLD, UP]),       # a few, over two looks
+    ([(300, 3), (300, 3)], [HOLD, HOLD]),    # within 1.5x is not drained: the computed length still ends it
+])
+def test_a_drain_ends_once_answers_to_requests_made_during_it_come_at_unloaded_speed(answers, verdicts) -> None:
+    c = Controller(multiplier=2.0, slow_start=False, baseline_ms=200, baseline_at=T0, changed_at=T0,
+                   drain_until=T0 + 20, landing_multiplier=9.0)
+    assert c.observe_drain(fresh(T0, 200), T0 + 0.4) == WAIT  # answers to requests made before it
+    got = [c.observe_drain(fresh(T0 + 1 + i, ms, n), T0 + 2 + i) for i, (ms, n) in enumerate(answers)]
+    assert got == verdicts
+    assert (c.rate(1, 32), c.drain_until) == ((9.0, None) if verdicts[-1] == UP else (2.0, T0 + 20))
+
+
 @pytest.mark.parametrize("verdict, overload, slow_before, move", [
     ("slow", False, False, HOLD),   # one slow median: a worker's late loop, or the site? hear more
     ("slow", False, True, DOWN),    # confirmed by the next answers: the site
@@ -524,6 +542,25 @@ async def test_a_new_source_is_judged_each_second_on_the_answers_since_the_last_
     assert adaptation.effective("new", 40) == 40      # 8, 16, 32, 40: a second each
     assert not adaptation.controllers["new"].slow_start
     assert float(store.hgetall(contracts.adaptive_key("new"))["effective_rate"]) == 40
+
+
+async def test_a_draining_source_lands_at_the_first_look_its_answers_are_fast_again() -> None:
+    """The monitor reads a draining source's open buckets each second, as a slow-starting one's:
+    its queue at the site gone, it lands then, not when the drain's computed length ends."""
+    redis = FakeAsyncRedis()
+    store = redis.store
+    now = [T0 + 0.5]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    await adaptation.meet(["site"])
+    adaptation.controllers["site"] = Controller(multiplier=0.25, slow_start=False, baseline_ms=200, baseline_at=T0,
+                                                changed_at=T0, drain_until=T0 + 20, landing_multiplier=0.45)
+    for second, ms in enumerate([900, 600, 200], start=1):  # answers to requests made before the drain, then after
+        now[0] = T0 + 0.5 + second
+        answered(store, "site", now[0] - 0.3, ms / 1000, 4)
+        adaptation.effective("site", 20)
+        await adaptation.update()
+        assert adaptation.effective("site", 20) == (9.0 if ms == 200 else 5.0)
+    assert "drain_until" not in store.hgetall(contracts.adaptive_key("site"))
 
 
 def test_a_source_answering_now_and_then_is_judged_on_the_last_minute_only() -> None:
