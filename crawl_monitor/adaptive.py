@@ -183,6 +183,11 @@ def slow_start_move(verdict: str | None, overloaded: bool, slow_before: bool) ->
     return UP if verdict == FAST else HOLD
 
 
+def past(median: float, baseline: float, factor: float, extra_ms: float) -> bool:
+    """A median (ms) above ``factor`` x the baseline and ``extra_ms`` above it, whichever is more."""
+    return median > max(factor * baseline, baseline + extra_ms)
+
+
 def overloaded(overload: int, total: int) -> bool:
     """Timeouts and 429/502/503/504 past ADAPTIVE_OVERLOAD_SHARE of the answers (at least ADAPTIVE_OVERLOAD_MIN)."""
     return overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total
@@ -327,9 +332,9 @@ class Controller:
         median = median_ms(bins)
         if median is None or baseline is None:
             return None
-        if median > max(ADAPTIVE_SLOW_FACTOR * baseline, baseline + ADAPTIVE_SLOW_MIN_EXTRA_MS):
+        if past(median, baseline, ADAPTIVE_SLOW_FACTOR, ADAPTIVE_SLOW_MIN_EXTRA_MS):
             return SLOW
-        if median <= max(ADAPTIVE_RECOVERED_FACTOR * baseline, baseline + ADAPTIVE_RECOVERED_MIN_EXTRA_MS):
+        if not past(median, baseline, ADAPTIVE_RECOVERED_FACTOR, ADAPTIVE_RECOVERED_MIN_EXTRA_MS):
             return FAST
         return None
 
@@ -358,7 +363,7 @@ class Controller:
         bins, overload, total = _merged(reversed(self.fresh), ADAPTIVE_SLOW_START_SAMPLES)
         median, baseline = median_ms(bins), self.baseline(now)
         if total < ADAPTIVE_SLOW_START_SAMPLES or overloaded(overload, total) or median is None or baseline is None \
-                or median > max(ADAPTIVE_DRAINED_FACTOR * baseline, baseline + ADAPTIVE_DRAINED_MIN_EXTRA_MS):
+                or past(median, baseline, ADAPTIVE_DRAINED_FACTOR, ADAPTIVE_DRAINED_MIN_EXTRA_MS):
             return HOLD
         self.drain_until = now
         self.land(now)
