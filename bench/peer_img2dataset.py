@@ -330,6 +330,9 @@ def halts(monitor_log: Path, busiest: str) -> tuple[int, int]:
 def main_real(args: argparse.Namespace) -> None:
     ensure_peer()
     real = build_real_web(args.urls or REAL_URLS, args.seed, args.port)
+    unknown = sorted(set(args.trace) - {spec.name for spec in real.specs})
+    if unknown:  # before the rounds: the trace is read after each
+        raise SystemExit(f"--trace: no live site {', '.join(unknown)} in the list (its busiest: {real.sites[0].site})")
     settings = dict(item.split("=", 1) for item in args.env)
     unloaded = unloaded_latency(real)
     kept = contextlib.nullcontext(str(args.keep)) if args.keep else None
