@@ -84,6 +84,26 @@ async def test_mget_answers_as_redis_pys_over_the_scripts_connection(redis_url: 
         await theirs.aclose()
 
 
+async def test_decr_answers_as_redis_pys_over_the_scripts_connection(redis_url: str, unique: str) -> None:
+    """A forfeited token's DECR goes over the pipelined connection: the same counts (a missing
+    key from 0, ``decrby``'s amount), the same error for a value that is not a number, and no
+    connection of the pool taken."""
+    ours = bounded_redis(redis_url, 4)
+    theirs = aioredis.from_url(redis_url, decode_responses=True)
+    await theirs.set(f"{unique}:text", "many")
+    try:
+        before = len(await theirs.client_list())
+        assert [await ours.decr(f"{unique}:n"), await theirs.decr(f"{unique}:n")] == [-1, -2]
+        assert [await ours.decrby(f"{unique}:n", 3), await theirs.decrby(f"{unique}:n", 3)] == [-5, -8]
+        assert await ours.decr(f"{unique}:missing") == -1
+        for client in (ours, theirs):
+            with pytest.raises(ResponseError, match="not an integer"):
+                await client.decr(f"{unique}:text")
+        assert len(await theirs.client_list()) - before == 1  # the scripts' connection only
+    finally:
+        await ours.aclose()
+        await theirs.aclose()
+
 async def test_a_flushed_script_cache_is_filled_again(redis_url: str, unique: str) -> None:
     client = bounded_redis(redis_url, 4)
     try:
