@@ -68,8 +68,8 @@ from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED
                                      ADAPTIVE_READ_GRACE_SECONDS, ADAPTIVE_READINGS_KEPT,
                                      ADAPTIVE_RECOVERED_FACTOR, ADAPTIVE_RECOVERED_MIN_EXTRA_MS,
                                      ADAPTIVE_SLOW_FACTOR, ADAPTIVE_SLOW_MIN_EXTRA_MS, ADAPTIVE_SLOW_START_SAMPLES,
-                                     ADAPTIVE_START_SHARE, ADAPTIVE_STATE_TTL_SECONDS, ADAPTIVE_STEP_RPS,
-                                     ADAPTIVE_STEP_SHARE)
+                                     ADAPTIVE_START_SHARE, ADAPTIVE_STATE_RENEW_SECONDS, ADAPTIVE_STATE_TTL_SECONDS,
+                                     ADAPTIVE_STEP_RPS, ADAPTIVE_STEP_SHARE)
 
 DOWN, UP, HOLD, WAIT, OFF = "down", "up", "hold", "wait", "off"
 
@@ -191,6 +191,18 @@ def past(median: float, baseline: float, factor: float, extra_ms: float) -> bool
 def overloaded(overload: int, total: int) -> bool:
     """Timeouts and 429/502/503/504 past ADAPTIVE_OVERLOAD_SHARE of the answers (at least ADAPTIVE_OVERLOAD_MIN)."""
     return overload >= ADAPTIVE_OVERLOAD_MIN and overload > ADAPTIVE_OVERLOAD_SHARE * total
+
+
+def to_write(fields: dict[str, str], held: dict[str, str] | None, held_for: float) -> dict[str, str] | None:
+    """What a save of ``fields`` (``Controller.saved``; an empty value deletes its field) writes to a
+    hash known to hold ``held`` (None: not known) since ``held_for`` seconds: nothing (None) when it
+    holds them already and its expiry was renewed within ADAPTIVE_STATE_RENEW_SECONDS; else every
+    field but the deletions of fields it does not hold."""
+    if held is None:
+        return fields
+    if fields == held and held_for < ADAPTIVE_STATE_RENEW_SECONDS:
+        return None
+    return {name: value for name, value in fields.items() if value or held.get(name)}
 
 
 @dataclass
@@ -429,6 +441,8 @@ class Adaptation:
         self.disabled: set[str] = set()
         self._next_bucket: int | None = None
         self._saved_as: dict[str, tuple[float, float | None, bool]] = {}  # (ceiling, cap, enabled) last saved
+        # Source -> what its adaptive:{source} holds (as read or last written) and when it was written.
+        self._held: dict[str, tuple[dict[str, str], float]] = {}
         self._asked_at: dict[str, float] = {}  # source -> when the regulator last asked (its clock)
         self._next_forget = 0.0
         # Slow-starting source -> (when last read, its open buckets' counts then), for the answers since.
@@ -447,6 +461,7 @@ class Adaptation:
         saved = await self._keys.hashes([contracts.adaptive_key(source) for source in new])
         for source, switch, raw in zip(new, switches, saved, strict=True):
             self.controllers[source] = Controller.restored(raw) if raw else Controller()
+            self._held[source] = ({as_text(k): as_text(v) for k, v in raw.items()}, float("-inf"))
             if switch is not None:
                 self.disabled.add(source)
 
@@ -535,7 +550,7 @@ class Adaptation:
         self._next_forget = now + ADAPTIVE_ASKED_SECONDS
         gone = [s for s, at in self._asked_at.items() if at < now - ADAPTIVE_FORGET_SECONDS]
         for source in gone:
-            for kept in (self._asked_at, self.controllers, self._ceilings, self._caps, self._saved_as):
+            for kept in (self._asked_at, self.controllers, self._ceilings, self._caps, self._saved_as, self._held):
                 kept.pop(source, None)
             self.disabled.discard(source)
 
@@ -562,17 +577,21 @@ class Adaptation:
 
     async def _save(self, observed: set[str], sources: list[str]) -> None:
         """``adaptive:{source}`` of the sources just judged and of those whose ceiling or switch
-        changed; a judged source's expiry is renewed, so a quiet hour ends its state."""
-        changed = []
+        changed; a judged source's expiry is renewed (at most every ADAPTIVE_STATE_RENEW_SECONDS
+        while its state is unchanged: ``to_write``), so a quiet hour ends its state."""
+        now = self._clock()
+        writes: dict[str, tuple[dict[str, str], dict[str, str]]] = {}  # source -> (its fields, what is written)
         for source in sources:
             seen_as = (self._ceilings[source], self._caps[source], source not in self.disabled)
             if source in observed or self._saved_as.get(source) != seen_as:
                 self._saved_as[source] = seen_as
-                changed.append(source)
-        if not changed:
-            return
-        await self._keys.save_hashes(
-            {contracts.adaptive_key(source): self.controllers[source].saved(self._ceilings[source],
-                                                                             source not in self.disabled,
-                                                                             self._caps[source])
-             for source in changed}, ADAPTIVE_STATE_TTL_SECONDS)
+                fields = self.controllers[source].saved(self._ceilings[source], source not in self.disabled,
+                                                        self._caps[source])
+                held, written_at = self._held.get(source, (None, float("-inf")))
+                written = to_write(fields, held, now - written_at)
+                if written is not None:
+                    writes[source] = (fields, written)
+        if writes:
+            await self._keys.save_hashes({contracts.adaptive_key(source): written
+                                          for source, (_, written) in writes.items()}, ADAPTIVE_STATE_TTL_SECONDS)
+            self._held.update((source, (fields, now)) for source, (fields, _) in writes.items())

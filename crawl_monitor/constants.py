@@ -86,6 +86,7 @@ ADAPTIVE_BASELINE_DOUBLING_SECONDS = 300.0  # the baseline drifts up so, unless 
 ADAPTIVE_READINGS_KEPT = 30      # response buckets remembered per source (a minute)
 ADAPTIVE_READ_GRACE_SECONDS = 1.0  # a bucket is read this long after it ends: outcomes come in late
 ADAPTIVE_STATE_TTL_SECONDS = 3600  # adaptive:{source} outlives a monitor's restart, not a quiet hour
+ADAPTIVE_STATE_RENEW_SECONDS = 60.0  # an unchanged state is written again (its expiry renewed) at most this often
 # active_sources (crawl_monitor.active_sources): members quiet this long are dropped.
 ACTIVE_SOURCES_KEPT_SECONDS = 24 * 3600
 # How far before its last look a reader asks for recent sources: workers score an outcome by

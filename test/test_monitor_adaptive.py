@@ -10,10 +10,11 @@ from common.response_times import (OVERLOAD_FIELD, RESPONSE_BUCKET_SECONDS, bin_
                                    parse_bucket, quantile_ms)
 from crawl_monitor import adaptive
 from crawl_monitor.adaptive import (DOWN, HOLD, OFF, UP, WAIT, Adaptation, Controller, Reading, doubling_evidence,
-                                    landing, slow_start_move, start_share)
-from crawl_monitor.constants import ADAPTIVE_FLOOR_RPS, ADAPTIVE_READINGS_KEPT, ADAPTIVE_START_SHARE
+                                    landing, slow_start_move, start_share, to_write)
+from crawl_monitor.constants import (ADAPTIVE_FLOOR_RPS, ADAPTIVE_READINGS_KEPT, ADAPTIVE_START_SHARE,
+                                     ADAPTIVE_STATE_RENEW_SECONDS)
 from crawl_monitor.regulator import Regulator
-from test.test_monitor_fakes import FakeAsyncRedis
+from test.test_monitor_fakes import FakeAsyncRedis, RecordingStore
 
 T0 = 1_000_000.0
 
@@ -580,3 +581,50 @@ def test_a_discovered_rate_is_not_kept_while_discovery_is_off() -> None:
     assert adaptation.effective("site", 1.0, 32.0) == 20.0
     assert adaptation.effective("site", 1.0) == 1.0
     assert adaptation.effective("site", 1.0, 32.0) == 1.0
+
+
+@pytest.mark.parametrize("fields, held, held_for, written", [
+    ({"m": "0.2", "drain_until": ""}, None, 0.0, {"m": "0.2", "drain_until": ""}),  # not known: all, deletions too
+    ({"m": "0.2", "drain_until": ""}, {}, float("inf"), {"m": "0.2"}),               # a new hash: nothing to delete
+    ({"m": "0.2", "drain_until": ""}, {"m": "0.1", "drain_until": "5"}, 1.0, {"m": "0.2", "drain_until": ""}),
+    ({"m": "0.2", "drain_until": ""}, {"m": "0.2", "drain_until": ""}, 1.0, None),   # unchanged, renewed lately
+    ({"m": "0.2", "drain_until": ""}, {"m": "0.2", "drain_until": ""}, ADAPTIVE_STATE_RENEW_SECONDS, {"m": "0.2"}),
+    ({"m": "0.2", "drain_until": ""}, {"m": "0.2"}, float("inf"), {"m": "0.2"}),     # as read: written again
+])
+def test_a_save_writes_only_what_the_hash_does_not_hold(fields, held, held_for, written) -> None:
+    assert to_write(fields, held, held_for) == written
+
+
+async def test_a_one_url_source_is_saved_once_and_a_judged_one_renewed_within_a_minute() -> None:
+    """Issue 44: a source with one answer was saved at each look that found it (its unchanged
+    state, with the deletions of drain fields it never had); now once, and a state unchanged
+    while judged is written again within ADAPTIVE_STATE_RENEW_SECONDS, renewing its hour."""
+    store = RecordingStore()
+    redis = FakeAsyncRedis(store)
+    now = [T0 + 0.5]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    regulator = Regulator(redis, adaptation)
+    store.set(contracts.override_rate_key("one"), 5)
+    store.zadd(contracts.WAITING_SOURCES, {"one": now[0]})
+    for second in range(8):
+        now[0] = T0 + 0.5 + second
+        if second == 1:
+            answered(store, "one", now[0] - 0.3, 0.03, 1)
+        await adaptation.update()
+        await regulator.tick(now[0])
+    writes = [args for name, args, _ in store.commands if name in ("hset", "hdel")
+              and args[0] == contracts.adaptive_key("one")]
+    assert [name for name, *_ in store.commands if name == "hdel"] == []
+    assert len(writes) == 1 and float(store.hgetall(contracts.adaptive_key("one"))["effective_rate"]) == 1.0
+    # A busy source at its ceiling, answering at twice its baseline: each bucket judged, neither
+    # slow nor fast, so nothing changes; written at its first verdict, then once a minute.
+    adaptation.controllers["busy"] = Controller(multiplier=1.0, slow_start=False, baseline_ms=200, baseline_at=now[0])
+    store.commands.clear()
+    for _ in range(int(2 * ADAPTIVE_STATE_RENEW_SECONDS)):
+        now[0] += 1
+        answered(store, "busy", now[0], 0.4, 20)
+        adaptation.effective("busy", 40)
+        await adaptation.update()
+    renewals = [args for name, args, _ in store.commands if name == "expire"
+                and args[0] == contracts.adaptive_key("busy")]
+    assert 2 <= len(renewals) <= 3
