@@ -23,10 +23,15 @@ async def active_since(redis: AsyncRedis, since: float) -> set[str]:
     return {as_text(member) for member in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf")}
 
 
+# KEYS: a sorted set; ARGV: the lowest score. Its members from there, each followed by its score (text):
+# redis-py's WITHSCORES reply re-encodes each score to bytes and casts it back, most of a read of many.
+SCORED_SINCE = "return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES')"
+
+
 async def active_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
     """Sources active at or after ``since`` with the time of their latest activity."""
-    return {as_text(member): float(score)
-            for member, score in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf", withscores=True)}
+    flat = iter(await redis.register_script(SCORED_SINCE)(keys=[ACTIVE_SOURCES], args=[since]))
+    return {as_text(member): float(score) for member, score in zip(flat, flat, strict=True)}
 
 
 async def wanting_scores(redis: AsyncRedis, since: float, most: int | None = None) -> dict[str, float]:

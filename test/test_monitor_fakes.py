@@ -254,6 +254,7 @@ class FakeAsyncRedis:
         through the store's commands (a RecordingStore records them)."""
         from common import contracts
         from crawl_monitor import batched_keys
+        from crawl_monitor.active_sources import SCORED_SINCE
         from crawl_monitor.circuit_breaker import READ_WINDOWS
         from crawl_monitor.regulator import REFILL
         store = self.store
@@ -296,6 +297,10 @@ class FakeAsyncRedis:
                     dropped += store.hdel(key, *old)
             return dropped
 
+        async def scored_since(keys: list[str], args: list) -> list:
+            return [item for pair in store.zrangebyscore(keys[0], args[0], "+inf", withscores=True)
+                    for item in (pair[0], repr(float(pair[1])))]
+
         async def read_windows(keys: list[str], args: list) -> list[list[str]]:
             replies = []
             for minute, last_50 in zip(keys[::2], keys[1::2], strict=True):
@@ -306,7 +311,7 @@ class FakeAsyncRedis:
         scripts = {REFILL: refill, READ_WINDOWS: read_windows, batched_keys.HGETALL_MANY: hgetall_many,
                    batched_keys.LRANGE_MANY: lrange_many, batched_keys.SMEMBERS_MANY: smembers_many,
                    batched_keys.HSET_EXPIRE_MANY: hset_expire_many,
-                   batched_keys.HDEL_BUCKETS_UP_TO: hdel_buckets_up_to}
+                   batched_keys.HDEL_BUCKETS_UP_TO: hdel_buckets_up_to, SCORED_SINCE: scored_since}
         assert script in scripts, "FakeAsyncRedis knows only the monitor's scripts"
         return scripts[script]
 
