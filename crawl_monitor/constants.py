@@ -25,6 +25,7 @@ TICK_SECONDS = 1.0
 # (fail closed). The cost: a tick more than 0.5 s late pauses the crawl briefly.
 BUCKET_TTL_MS = 1500
 RATE_LIMIT_TTL_SECONDS = 10
+RATE_LIMIT_REWRITE_SECONDS = 5.0    # an unchanged rate_limit:{source} is written again this often (half its life)
 REFILL_BATCH = 500                  # sources per pipeline of bucket writes (two SETs each)
 MAX_RETRY_AFTER_SECONDS = 60 * 60   # a Retry-After further away than this is capped
 UNKNOWN_SOURCE_REPORT_SECONDS = 5 * 60

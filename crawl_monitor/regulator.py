@@ -27,17 +27,19 @@ from common.settings import DISCOVERY_ALL, DISCOVERY_LISTS, DISCOVERY_NONE
 from crawl_monitor.active_sources import wanting_since
 from crawl_monitor.adaptive import Adaptation
 from crawl_monitor.constants import (ACTIVE_SOURCES_TICK_SECONDS, BUCKET_TTL_MS, LIST_SIZES_REFRESH_SECONDS,
-                                     MAX_RETRY_AFTER_SECONDS,
+                                     MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_REWRITE_SECONDS,
                                      RATE_LIMIT_TTL_SECONDS, REFILL_BATCH, UNKNOWN_SOURCE_REPORT_SECONDS)
 from crawl_monitor.sources import rate_for_size
 
-# KEYS: n sources' buckets, then the same n sources' rate_limit keys; ARGV: the buckets'
-# expiry (ms), the rates' expiry (s), the n grants, the n rates.
+# KEYS: n sources' buckets, then the rate_limit keys written this tick; ARGV: the buckets' expiry
+# (ms), the rates' expiry (s), n, the n grants, then the rates written.
 REFILL = """
-local n = #KEYS / 2
+local n = tonumber(ARGV[3])
 for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[2 + i], 'PX', ARGV[1])
-  redis.call('SET', KEYS[n + i], ARGV[2 + n + i], 'EX', ARGV[2])
+  redis.call('SET', KEYS[i], ARGV[3 + i], 'PX', ARGV[1])
+end
+for i = n + 1, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[3 + i], 'EX', ARGV[2])
 end
 return n
 """
@@ -47,6 +49,13 @@ _EPSILON = 1e-9
 
 # Where a source's limit comes from (``Regulator._configured_rate``).
 OVERRIDE, CATALOG, LIST, DEFAULT = "override", "catalog", "list", "default"
+
+
+def rate_due(rate: float, written: tuple[float, float] | None, now: float) -> bool:
+    """Whether a tick writes a source's ``rate_limit:{source}``, last ``written`` as (rate, when;
+    None: not by this regulator, or not since it was last ticked): when its rate changed, or when
+    it was written RATE_LIMIT_REWRITE_SECONDS ago, so it never expires while the source is ticked."""
+    return written is None or written[0] != rate or now - written[1] >= RATE_LIMIT_REWRITE_SECONDS
 
 
 def discovery_cap(kind: str, limit: float, sources: str, max_rate: float) -> float | None:
@@ -96,6 +105,7 @@ class Regulator:
         self.rates: dict[str, float] = {}                # effective rates granted by the last tick
         self._limits: dict[str, float] = {}              # configured rates (override or size) seen by ticks
         self._caps: dict[str, float] = {}                # of those that may discover: the most they may get
+        self._rates_written: dict[str, tuple[float, float]] = {}  # rate_limit:{source} as last written, and when
 
     def set_sizes(self, sizes: dict[str, int]) -> None:
         """Adopt a freshly loaded sources list (source -> image count)."""
@@ -156,7 +166,7 @@ class Regulator:
             grants[source] = self._take_tokens(source, rate)
             rates[source] = rate
 
-        await self._write(grants, rates)
+        await self._write(grants, rates, now)
         self.rates = rates
         return grants
 
@@ -167,6 +177,7 @@ class Regulator:
         self._limits = {s: limit for s, limit in self._limits.items() if s in ticked}
         self._caps = {s: cap for s, cap in self._caps.items() if s in ticked}
         self._from_lists = {s: rate for s, rate in self._from_lists.items() if s in ticked}
+        self._rates_written = {s: written for s, written in self._rates_written.items() if s in ticked}
         self._pauses = {s: pause for s, pause in self._pauses.items() if s in ticked or pause[1] > now}
         self._unknown_reported_at = {s: at for s, at in self._unknown_reported_at.items()
                                      if now - at < UNKNOWN_SOURCE_REPORT_SECONDS}
@@ -192,17 +203,21 @@ class Regulator:
             else:
                 self._from_lists[source] = rate_for_size(int(size))
 
-    async def _write(self, grants: dict[str, int], rates: dict[str, float]) -> None:
-        """The buckets and rates, REFILL_BATCH sources per script call: one pipeline of every
-        source would hold Redis (and every worker's command behind it) for its whole length,
-        and redis-py's packing of two SETs a source costs the monitor's CPU; the script makes
+    async def _write(self, grants: dict[str, int], rates: dict[str, float], now: float) -> None:
+        """The buckets, and the rates that changed or are due again (``rate_due``: a one-URL site
+        is ticked ~5 times at one rate), REFILL_BATCH sources per script call: one pipeline of
+        every source would hold Redis (and every worker's command behind it) for its whole
+        length, and redis-py's packing of a SET a key costs the monitor's CPU; the script makes
         them one command per batch (docs/decisions.md, "Thousands of sources")."""
         sources = list(grants)
         for start in range(0, len(sources), REFILL_BATCH):
             batch = sources[start:start + REFILL_BATCH]
+            due = [s for s in batch if rate_due(rates[s], self._rates_written.get(s), now)]
             await self._refill(
-                keys=[contracts.tokens_key(s) for s in batch] + [contracts.rate_limit_key(s) for s in batch],
-                args=[BUCKET_TTL_MS, RATE_LIMIT_TTL_SECONDS, *(grants[s] for s in batch), *(rates[s] for s in batch)])
+                keys=[contracts.tokens_key(s) for s in batch] + [contracts.rate_limit_key(s) for s in due],
+                args=[BUCKET_TTL_MS, RATE_LIMIT_TTL_SECONDS, len(batch), *(grants[s] for s in batch),
+                      *(rates[s] for s in due)])
+            self._rates_written.update((s, (rates[s], now)) for s in due)
 
     async def empty_buckets(self) -> None:
         """On a clean stop, take every token back now rather than when the keys expire."""
@@ -210,6 +225,7 @@ class Regulator:
                 for key in (contracts.tokens_key(source), contracts.rate_limit_key(source))]
         if keys:
             await self._redis.delete(*keys)
+        self._rates_written = {}
 
     def _take_tokens(self, source: str, rate: float) -> int:
         if rate <= 0:

@@ -260,10 +260,12 @@ class FakeAsyncRedis:
         store = self.store
 
         async def refill(keys: list[str], args: list) -> int:
-            n = len(keys) // 2
-            for i in range(n):
-                store.set(keys[i], args[2 + i], px=int(args[0]))
-                store.set(keys[n + i], args[2 + n + i], ex=int(args[1]))
+            n = int(args[2])
+            for i, key in enumerate(keys):
+                if i < n:
+                    store.set(key, args[3 + i], px=int(args[0]))
+                else:
+                    store.set(key, args[3 + i], ex=int(args[1]))
             return n
 
         async def hgetall_many(keys: list[str], args: list) -> list[list[str]]:

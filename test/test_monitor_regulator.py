@@ -7,10 +7,11 @@ import json
 import pytest
 
 from common import contracts
-from crawl_monitor.constants import LIST_SIZES_REFRESH_SECONDS, MAX_RETRY_AFTER_SECONDS, REFILL_BATCH
+from crawl_monitor.constants import (LIST_SIZES_REFRESH_SECONDS, MAX_RETRY_AFTER_SECONDS, RATE_LIMIT_REWRITE_SECONDS,
+                                     RATE_LIMIT_TTL_SECONDS, REFILL_BATCH)
 from crawl_monitor.periodic import every
-from crawl_monitor.regulator import REFILL, Regulator
-from test.test_monitor_fakes import FakeAsyncRedis
+from crawl_monitor.regulator import REFILL, Regulator, rate_due
+from test.test_monitor_fakes import FakeAsyncRedis, RecordingStore
 
 T0 = 1_800_000_000.0  # a fixed wall-clock second
 
@@ -319,3 +320,34 @@ async def test_a_list_site_is_granted_what_it_discovers_and_an_override_pins_it(
     await adaptation.update()
     saved = redis.store.hgetall(contracts.adaptive_key("list.example"))
     assert (saved["limit"], saved["ceiling"], saved["effective_rate"]) == ("1", "32", "32")
+
+
+@pytest.mark.parametrize("rate, written, now, due", [
+    (5.0, None, T0, True),                                          # new to this regulator
+    (5.0, (5.0, T0), T0 + 1, False),                                # unchanged, written a second ago
+    (10.0, (5.0, T0), T0 + 1, True),                                # changed
+    (5.0, (5.0, T0), T0 + RATE_LIMIT_REWRITE_SECONDS - 0.01, False),
+    (5.0, (5.0, T0), T0 + RATE_LIMIT_REWRITE_SECONDS, True),        # half its life gone: again
+    (0.0, (5.0, T0), T0 + 1, True),                                 # halted
+])
+def test_a_rate_is_written_when_it_changes_and_before_it_expires(rate, written, now, due) -> None:
+    assert rate_due(rate, written, now) is due
+    assert RATE_LIMIT_REWRITE_SECONDS < RATE_LIMIT_TTL_SECONDS
+
+
+async def test_a_source_ticked_at_one_rate_has_its_rate_written_twice_in_ten_seconds() -> None:
+    """Issue 44: a one-URL site is ticked ~5 times at one rate, and each tick wrote its rate_limit
+    (a SET a tick, ~5 of ~62 Redis commands a URL in bench.fleet). Its bucket is still set every
+    tick; its rate when it changes, and every RATE_LIMIT_REWRITE_SECONDS of its 10 s of life."""
+    store = RecordingStore()
+    redis = FakeAsyncRedis(store)
+    regulator = regulator_with(redis, example=500_000_000)
+    assert await run_ticks(regulator, "example", 10) == [200] * 10
+    sets = [args[0] for name, args, _ in store.commands if name == "set"]
+    assert sets.count(contracts.tokens_key("example")) == 10
+    assert sets.count(contracts.rate_limit_key("example")) == 2
+    assert store.expiry[contracts.rate_limit_key("example")] == RATE_LIMIT_TTL_SECONDS
+    await redis.set(contracts.override_rate_key("example"), 7)  # the operator's override: written at once
+    store.commands.clear()
+    assert (await regulator.tick(T0 + 10))["example"] == 7
+    assert store.get(contracts.rate_limit_key("example")) == "7.0"
