@@ -28,6 +28,15 @@ async def active_since(redis: AsyncRedis, since: float) -> set[str]:
 SCORED_SINCE = "return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES')"
 
 
+async def active_since_each(redis: AsyncRedis, sinces: list[float]) -> list[set[str]]:
+    """``active_since`` for each of ``sinces``, in one round trip."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for since in sinces:
+            pipe.zrangebyscore(ACTIVE_SOURCES, since, "+inf")
+        replies = await pipe.execute()
+    return [{as_text(member) for member in reply} for reply in replies]
+
+
 async def active_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
     """Sources active at or after ``since`` with the time of their latest activity."""
     flat = iter(await redis.register_script(SCORED_SINCE)(keys=[ACTIVE_SOURCES], args=[since]))

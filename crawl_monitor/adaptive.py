@@ -55,9 +55,10 @@ from common import contracts
 from common.protocols import AsyncRedis
 from common.redis_values import as_text, finite_number
 from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket, quantile_ms
-from crawl_monitor.active_sources import active_since
+from crawl_monitor.active_sources import active_since_each
 from crawl_monitor.batched_keys import BatchedKeys
-from crawl_monitor.constants import (ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS, ADAPTIVE_FORGET_SECONDS,
+from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS,
+                                     ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
                                      ADAPTIVE_DISCOVERY_START_SHARE,
                                      ADAPTIVE_DISCOVERY_SAMPLES, ADAPTIVE_DISCOVERY_SECONDS, ADAPTIVE_DRAIN_MAX_SECONDS,
@@ -447,6 +448,7 @@ class Adaptation:
         self._next_forget = 0.0
         # Slow-starting source -> (when last read, its open buckets' counts then), for the answers since.
         self._open_counts: dict[str, tuple[float, dict[int, tuple[dict[int, int], int]]]] = {}
+        self._last_look = float("-inf")  # when the open buckets were last looked at
 
     async def meet(self, sources: Iterable[str]) -> None:
         """Read the saved state and switch of the sources not in memory, before their first grant.
@@ -487,7 +489,8 @@ class Adaptation:
         Only the sources the regulator granted a rate lately are considered (not every source
         ever seen), and of them only those with an outcome since the oldest due bucket
         began (``active_sources``) can have answers in it; only they are read, judged and saved,
-        with any source whose ceiling or switch changed. A quiet source's state waits in
+        with any source whose ceiling or switch changed; a slow-starting or draining source's open
+        buckets only while it has answers since the last look. A quiet source's state waits in
         memory, and in Redis; one not asked about for ADAPTIVE_FORGET_SECONDS is forgotten
         here and restored from Redis (``meet``) if it comes back.
         """
@@ -501,18 +504,25 @@ class Adaptation:
         if self._next_bucket is None or self._next_bucket < oldest_kept:  # new, or stalled for long
             self._next_bucket = last_complete
         due = list(range(self._next_bucket, last_complete + 1, RESPONSE_BUCKET_SECONDS))
-        active = sorted(await active_since(self._redis, due[0] if due else now - RESPONSE_BUCKET_SECONDS)
-                        & set(sources))
+        since_due = due[0] if due else now - RESPONSE_BUCKET_SECONDS
+        since_look = self._last_look - ACTIVE_SOURCES_SLACK_SECONDS
+        sinces = [since_due, since_look] if since_look > since_due else [since_due]
+        recent, *answering = await active_since_each(self._redis, sinces)
+        active = sorted(recent & set(sources))
         answered = active if due else []
         starting = [source for source in active if self._slow_starting(source)]
         draining = [source for source in active if self.controllers[source].drain_until is not None
                     and source not in self.disabled]
         looked = starting + draining  # judged on the answers recorded since the last look
+        # Of those, only the sources with an answer since the last look (less the workers' slack) can
+        # have new answers in their open buckets: a one-URL site is read twice, not at each look.
+        reread = looked if not answering else [s for s in looked if s not in self._open_counts or s in answering[0]]
+        self._last_look = now
         open_buckets = (bucket_start(now) - RESPONSE_BUCKET_SECONDS, bucket_start(now))
         switches = await self._redis.mget([contracts.adaptive_off_key(s) for s in sources])
         rest = await self._keys.hashes(
             [contracts.response_times_key(source, start) for start in due for source in answered]
-            + [contracts.response_times_key(source, start) for source in looked for start in open_buckets])
+            + [contracts.response_times_key(source, start) for source in reread for start in open_buckets])
         buckets, opened = rest[:len(due) * len(answered)], rest[len(due) * len(answered):]
         self.disabled = {s for s, value in zip(sources, switches, strict=True) if value is not None}
         for source in self.disabled:  # judged or not this second
@@ -531,8 +541,11 @@ class Adaptation:
         observed.update(source for source in sources if self.controllers[source].land(now))
         raw_open = iter(opened)
         fresh = {source: self._since_last_look(source, {start: next(raw_open) for start in open_buckets}, now)
-                 for source in looked}
-        self._open_counts = {source: self._open_counts[source] for source in looked}
+                 for source in reread}
+        unread = {source: self._open_counts[source] for source in looked if source not in fresh}
+        self._open_counts = {source: self._open_counts[source] for source in looked if source in fresh}
+        for source, (_, counts) in unread.items():  # looked at now, as a read finding nothing new leaves them
+            self._open_counts[source] = (now, {start: counts.get(start, ({}, 0)) for start in open_buckets})
         for source, reading in fresh.items():
             if not reading.total or source in self.disabled:  # switched off meanwhile
                 continue

@@ -628,3 +628,25 @@ async def test_a_one_url_source_is_saved_once_and_a_judged_one_renewed_within_a_
     renewals = [args for name, args, _ in store.commands if name == "expire"
                 and args[0] == contracts.adaptive_key("busy")]
     assert 2 <= len(renewals) <= 3
+
+
+async def test_open_buckets_are_read_while_answers_come_not_at_each_look() -> None:
+    """Issue 44: a slow-starting source's open buckets were read at each look while it was active
+    (a one-URL site ~4 looks of two buckets); now at the looks within the workers' slack of an
+    answer: the two after it (before: also the third, at 3), and again once a new one comes."""
+    store = RecordingStore()
+    redis = FakeAsyncRedis(store)
+    now = [T0 + 0.5]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    looks = []
+    for second in range(9):
+        now[0] = T0 + 0.5 + second
+        if second in (1, 6):
+            answered(store, "one", now[0] - 0.3, 0.03, 1)
+        adaptation.effective("one", 5)
+        store.commands.clear()
+        await adaptation.update()
+        newest = contracts.response_times_key("one", bucket_start(now[0]))  # open, never a completed one
+        if any(name == "hgetall" and args[0] == newest for name, args, _ in store.commands):
+            looks.append(second)
+    assert looks == [1, 2, 6, 7]
