@@ -1,6 +1,7 @@
 """The three source sets every component reads: one round trip, one spelling."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +39,8 @@ async def stopped_among(redis: Any, sources: list[str]) -> tuple[frozenset[str],
     size of ``sources`` (the active ones), not of every halt ever made."""
     if not sources:
         return frozenset(), frozenset()
-    pipe = redis.pipeline(transaction=False)
-    pipe.smismember(HALTED, sources)
-    pipe.smismember(TEMP_HALTED, sources)
-    halted, temp_halted = await pipe.execute()
+    # Both at once; with ``common.redis_client``'s client, on its pipelined connection (one write).
+    halted, temp_halted = await asyncio.gather(redis.smismember(HALTED, sources),
+                                               redis.smismember(TEMP_HALTED, sources))
     return (frozenset(s for s, member in zip(sources, halted, strict=True) if member),
             frozenset(s for s, member in zip(sources, temp_halted, strict=True) if member))

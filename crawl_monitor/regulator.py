@@ -14,6 +14,7 @@ expire within seconds.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import zlib
 from datetime import datetime, UTC
@@ -126,12 +127,12 @@ class Regulator:
         if now - self._lists_read_at >= LIST_SIZES_REFRESH_SECONDS:
             lookup += list(self._from_lists)
             self._lists_read_at = now
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget([contracts.override_rate_key(s) for s in sources])
-            pipe.mget([contracts.retry_after_key(s) for s in sources])
-            if lookup:
-                pipe.hmget(contracts.LIST_SOURCE_SIZES, lookup)
-            overrides, retry_afters, *counts = await pipe.execute()
+        # At once, the MGETs on the client's pipelined connection (redis-py's pipeline packed each key).
+        reads = [self._redis.mget([contracts.override_rate_key(s) for s in sources]),
+                 self._redis.mget([contracts.retry_after_key(s) for s in sources])]
+        if lookup:
+            reads.append(self._redis.hmget(contracts.LIST_SOURCE_SIZES, lookup))
+        overrides, retry_afters, *counts = await asyncio.gather(*reads)
         if lookup:
             self._adopt_list_sizes(lookup, counts[0])
 
