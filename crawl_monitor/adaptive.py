@@ -392,6 +392,11 @@ class Controller:
         self.multiplier, self.slow_start, self.drain_until = 1.0, False, None
 
     # --- kept in Redis (adaptive:{source}), so another monitor continues from here
+    def state(self, ceiling: float, enabled: bool, cap: float | None = None) -> tuple:
+        """What ``saved`` is made of, unformatted: equal states save equal fields."""
+        return (ceiling, enabled, cap, self.multiplier, self.slow_start, self.baseline_ms, self.baseline_at,
+                self.recent_ms, self.changed_at, self.drain_until, self.landing_multiplier)
+
     def saved(self, ceiling: float, enabled: bool, cap: float | None = None) -> dict[str, str]:
         top = ceiling * top_share(ceiling, cap) if enabled else ceiling
         fields = {"effective_rate": self.rate(ceiling, cap) if enabled else ceiling,
@@ -442,8 +447,9 @@ class Adaptation:
         self.disabled: set[str] = set()
         self._next_bucket: int | None = None
         self._saved_as: dict[str, tuple[float, float | None, bool]] = {}  # (ceiling, cap, enabled) last saved
-        # Source -> what its adaptive:{source} holds (as read or last written) and when it was written.
-        self._held: dict[str, tuple[dict[str, str], float]] = {}
+        # Source -> what its adaptive:{source} holds (as read or last written), when it was written, and
+        # the state it was written from (``Controller.state``; None: read).
+        self._held: dict[str, tuple[dict[str, str], float, tuple | None]] = {}
         self._asked_at: dict[str, float] = {}  # source -> when the regulator last asked (its clock)
         self._next_forget = 0.0
         # Slow-starting source -> (when last read, its open buckets' counts then), for the answers since.
@@ -463,7 +469,7 @@ class Adaptation:
         saved = await self._keys.hashes([contracts.adaptive_key(source) for source in new])
         for source, switch, raw in zip(new, switches, saved, strict=True):
             self.controllers[source] = Controller.restored(raw) if raw else Controller()
-            self._held[source] = ({as_text(k): as_text(v) for k, v in raw.items()}, float("-inf"))
+            self._held[source] = ({as_text(k): as_text(v) for k, v in raw.items()}, float("-inf"), None)
             if switch is not None:
                 self.disabled.add(source)
 
@@ -593,18 +599,22 @@ class Adaptation:
         changed; a judged source's expiry is renewed (at most every ADAPTIVE_STATE_RENEW_SECONDS
         while its state is unchanged: ``to_write``), so a quiet hour ends its state."""
         now = self._clock()
-        writes: dict[str, tuple[dict[str, str], dict[str, str]]] = {}  # source -> (its fields, what is written)
+        writes: dict[str, tuple[dict[str, str], dict[str, str], tuple]] = {}  # source -> (fields, written, state)
         for source in sources:
             seen_as = (self._ceilings[source], self._caps[source], source not in self.disabled)
             if source in observed or self._saved_as.get(source) != seen_as:
                 self._saved_as[source] = seen_as
-                fields = self.controllers[source].saved(self._ceilings[source], source not in self.disabled,
-                                                        self._caps[source])
-                held, written_at = self._held.get(source, (None, float("-inf")))
+                controller = self.controllers[source]
+                ceiling, cap, enabled = seen_as
+                state = controller.state(ceiling, enabled, cap)
+                held, written_at, held_state = self._held.get(source, (None, float("-inf"), None))
+                if state == held_state and now - written_at < ADAPTIVE_STATE_RENEW_SECONDS:
+                    continue  # to_write's None, without formatting the fields
+                fields = controller.saved(ceiling, enabled, cap)
                 written = to_write(fields, held, now - written_at)
                 if written is not None:
-                    writes[source] = (fields, written)
+                    writes[source] = (fields, written, state)
         if writes:
             await self._keys.save_hashes({contracts.adaptive_key(source): written
-                                          for source, (_, written) in writes.items()}, ADAPTIVE_STATE_TTL_SECONDS)
-            self._held.update((source, (fields, now)) for source, (fields, _) in writes.items())
+                                          for source, (_, written, _) in writes.items()}, ADAPTIVE_STATE_TTL_SECONDS)
+            self._held.update((source, (fields, now, state)) for source, (fields, _, state) in writes.items())

@@ -650,3 +650,19 @@ async def test_open_buckets_are_read_while_answers_come_not_at_each_look() -> No
         if any(name == "hgetall" and args[0] == newest for name, args, _ in store.commands):
             looks.append(second)
     assert looks == [1, 2, 6, 7]
+
+
+@pytest.mark.parametrize("change", [
+    {"multiplier": 0.5}, {"slow_start": False}, {"baseline_ms": 120.0}, {"baseline_at": T0 + 1},
+    {"recent_ms": 150.0}, {"changed_at": T0 + 2}, {"drain_until": T0 + 3}, {"landing_multiplier": 0.4},
+])
+def test_a_state_that_saves_other_fields_is_another_state(change) -> None:
+    """The save skips a source whose ``state`` is what it last wrote (without formatting its fields):
+    whatever ``saved`` writes differently must be a different state."""
+    base = dict(multiplier=0.2, slow_start=True, baseline_ms=100.0, baseline_at=T0, recent_ms=110.0, changed_at=T0,
+                drain_until=T0 + 5, landing_multiplier=0.3)
+    before, after = Controller(**base), Controller(**{**base, **change})
+    assert before.saved(5.0, True) != after.saved(5.0, True)
+    assert before.state(5.0, True) != after.state(5.0, True)
+    others = (before.state(5.0, False), before.state(5.0, True, 32.0), before.state(6.0, True))
+    assert before.state(5.0, True) not in others
