@@ -57,6 +57,7 @@ from common.redis_values import as_text, finite_number
 from common.response_times import RESPONSE_BUCKET_SECONDS, bucket_start, median_ms, parse_bucket, quantile_ms
 from crawl_monitor.active_sources import active_since_each
 from crawl_monitor.batched_keys import BatchedKeys
+from crawl_monitor.recency import Recency
 from crawl_monitor.constants import (ACTIVE_SOURCES_SLACK_SECONDS, ADAPTIVE_ANSWER_LAG_SECONDS, ADAPTIVE_ASKED_SECONDS,
                                      ADAPTIVE_FORGET_SECONDS,
                                      ADAPTIVE_BASELINE_DOUBLING_SECONDS, ADAPTIVE_DECREASE,
@@ -450,7 +451,7 @@ class Adaptation:
         # Source -> what its adaptive:{source} holds (as read or last written), when it was written, and
         # the state it was written from (``Controller.state``; None: read).
         self._held: dict[str, tuple[dict[str, str], float, tuple | None]] = {}
-        self._asked_at: dict[str, float] = {}  # source -> when the regulator last asked (its clock)
+        self._asked = Recency()  # when the regulator last asked about each source (its clock)
         self._next_forget = 0.0
         # Slow-starting source -> (when last read, its open buckets' counts then), for the answers since.
         self._open_counts: dict[str, tuple[float, dict[int, tuple[dict[int, int], int]]]] = {}
@@ -478,7 +479,7 @@ class Adaptation:
         discover its capacity climbs up to ``cap`` while its answers stay fast."""
         self._ceilings[source] = ceiling
         self._caps[source] = cap
-        self._asked_at[source] = self._clock()
+        self._asked.ask(source, self._clock())
         controller = self.controllers.get(source)
         if controller is None:  # not met (``meet``): a new source
             controller = self.controllers[source] = Controller()
@@ -502,7 +503,7 @@ class Adaptation:
         """
         now = self._clock()
         self._forget_unasked(now)
-        sources = sorted(s for s, at in self._asked_at.items() if at >= now - ADAPTIVE_ASKED_SECONDS)
+        sources = self._asked.since(now - ADAPTIVE_ASKED_SECONDS)
         if not sources:
             return
         last_complete = bucket_start(now - ADAPTIVE_READ_GRACE_SECONDS) - RESPONSE_BUCKET_SECONDS
@@ -567,9 +568,8 @@ class Adaptation:
         if now < self._next_forget:
             return
         self._next_forget = now + ADAPTIVE_ASKED_SECONDS
-        gone = [s for s, at in self._asked_at.items() if at < now - ADAPTIVE_FORGET_SECONDS]
-        for source in gone:
-            for kept in (self._asked_at, self.controllers, self._ceilings, self._caps, self._saved_as, self._held):
+        for source in self._asked.older_than(now - ADAPTIVE_FORGET_SECONDS):
+            for kept in (self.controllers, self._ceilings, self._caps, self._saved_as, self._held):
                 kept.pop(source, None)
             self.disabled.discard(source)
 
