@@ -5,7 +5,7 @@ source keeps to one partition, a fast one spreads over as many as its limit need
 so several workers share it. No topic is created per source and the workers'
 subscription never changes, so a new source costs the group no rebalance.
 Throughput comes from batches: one consume of thousands of messages, one flush,
-one commit, one Redis pipeline. The inbound offsets are committed only once
+one commit, one Redis call. The inbound offsets are committed only once
 every message of the batch is acknowledged by the broker, so a crash anywhere
 before the commit re-splits the batch (at-least-once) instead of losing it. The
 whole loop runs on its own thread: every Kafka call blocks, and none of them may
@@ -97,6 +97,29 @@ def plan_batch(messages: Iterable[Message], inbound_topic: str, partitions: int,
     return plan
 
 
+# KEYS: inbound_sources, num_split, waiting_sources, then urls_split:{source} of each source with URLs
+# split for the first time; ARGV: the URLs split, now, the batch's sources, then each key's count.
+# One command a batch: through redis-py's pipeline each INCRBY, and each member of the SADD and the
+# ZADD, was packed apart (a one-URL site is a source a URL; docs/decisions.md, "Fleet scale").
+RECORD_SPLIT = """
+local counted = #KEYS - 3
+local last = #ARGV - counted
+redis.call('INCRBY', KEYS[2], ARGV[1])
+for first = 3, last, 1000 do
+  local upto = math.min(first + 999, last)
+  redis.call('SADD', KEYS[1], unpack(ARGV, first, upto))
+  local scored = {}
+  for i = first, upto do
+    scored[#scored + 1] = ARGV[2]
+    scored[#scored + 1] = ARGV[i]
+  end
+  redis.call('ZADD', KEYS[3], 'GT', unpack(scored))
+end
+for i = 1, counted do redis.call('INCRBY', KEYS[3 + i], ARGV[last + i]) end
+return counted
+"""
+
+
 class Splitter:
     """One consumer, one producer and a Redis client, driven batch by batch from one thread."""
 
@@ -111,6 +134,7 @@ class Splitter:
         self._gaps = OffsetGaps()
         self._producer = producer
         self._redis = redis
+        self._record_split = redis.register_script(RECORD_SPLIT)
         self._limit_of = limit_of
         self._inbound_topic = inbound_topic
         self._batch_size = batch_size
@@ -221,17 +245,14 @@ class Splitter:
 
     def _record(self, plan: SplitPlan) -> None:
         if plan.split:
-            now = self._clock()
-            with self._redis.pipeline(transaction=False) as pipe:
-                pipe.sadd(contracts.INBOUND_SOURCES, *plan.new_urls)
-                pipe.incrby(contracts.NUM_SPLIT, plan.split)
-                # A split source is ticked, so its rate is published: a worker past its bound looks
-                # it up to take only fast sources' URLs (docs/decisions.md, "Fleet scale").
-                pipe.zadd(contracts.WAITING_SOURCES, dict.fromkeys(plan.new_urls, now), gt=True)
-                for source, count in plan.new_urls.items():
-                    if count:
-                        pipe.incrby(contracts.urls_split_key(source), count)
-                pipe.execute()
+            # A split source is scored in waiting_sources, so it is ticked and its rate published: a
+            # worker past its bound looks it up to take only fast sources' URLs (docs/decisions.md,
+            # "Fleet scale").
+            counted = [source for source, count in plan.new_urls.items() if count]
+            self._record_split(
+                keys=[contracts.INBOUND_SOURCES, contracts.NUM_SPLIT, contracts.WAITING_SOURCES,
+                      *(contracts.urls_split_key(source) for source in counted)],
+                args=[plan.split, self._clock(), *plan.new_urls, *(plan.new_urls[source] for source in counted)])
 
     def _retry_until_done(self, step: Callable[[], None], stop: threading.Event) -> None:
         """Retry a batch that hit a broken broker or Redis, with backoff, until it is done or we stop.

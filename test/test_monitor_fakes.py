@@ -225,7 +225,26 @@ class AsyncPipeline(_Pipeline):
 class FakeRedis(FakeStore):
     """redis.Redis (sync): commands and ``pipeline()``."""
 
-    fail_next = 0  # make this many pipeline executions raise ConnectionError
+    fail_next = 0  # make this many pipeline executions or script calls raise ConnectionError
+
+    def register_script(self, script: str):
+        """The splitter's RECORD_SPLIT, run in Python on the same keys."""
+        from crawl_monitor.splitter import RECORD_SPLIT
+        assert script == RECORD_SPLIT, "FakeRedis knows only the splitter's script"
+
+        def record_split(keys: list[str], args: list) -> int:
+            if self.fail_next:
+                self.fail_next -= 1
+                raise ConnectionError("fake Redis is down")
+            counted = keys[3:]
+            sources = args[2:len(args) - len(counted)]
+            self.incrby(keys[1], int(args[0]))
+            self.sadd(keys[0], *sources)
+            self.zadd(keys[2], dict.fromkeys(sources, float(args[1])), gt=True)
+            for key, count in zip(counted, args[len(args) - len(counted):], strict=True):
+                self.incrby(key, int(count))
+            return len(counted)
+        return record_split
 
     def pipeline(self, transaction: bool = True) -> SyncPipeline:
         store = self
