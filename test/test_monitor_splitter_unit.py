@@ -179,3 +179,18 @@ def test_a_message_the_broker_refuses_is_rejected_not_resent_forever(capsys, ref
         assert json.loads(record["raw"])["uuid"] == "u-2" and "MSG_SIZE_TOO_LARGE" in record["error"]
     assert consumer.commits == [[("inbound", 0, 4)]] and redis.get(contracts.NUM_SPLIT) == "3"
     assert redis.get(contracts.urls_split_key("example")) == "3"  # the refused one is no URL of the backlog
+
+
+async def test_a_batch_of_many_sources_is_counted_by_one_script_on_the_real_redis(redis_url: str) -> None:
+    """RECORD_SPLIT on Redis itself: every source in inbound_sources and waiting_sources (its SADD
+    and ZADD in chunks of 1,000 members), a retry not counted as a new URL of its source."""
+    from redis import Redis
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    batch = [FakeMessage(good(n, source=f"s{n % 1500}"), n) for n in range(3000)]
+    batch.append(FakeMessage(good(3000, source="again", attempts=1), 3000))
+    splitter, *_ = make([batch], redis=redis)
+    splitter.split_once(threading.Event())
+    assert redis.get(contracts.NUM_SPLIT) == "3001"
+    assert redis.scard(contracts.INBOUND_SOURCES) == redis.zcard(contracts.WAITING_SOURCES) == 1501
+    assert redis.get(contracts.urls_split_key("s0")) == "2" and redis.get(contracts.urls_split_key("again")) is None
+    redis.close()
