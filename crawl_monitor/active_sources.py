@@ -8,6 +8,7 @@ its windows only age, and its response buckets stay empty.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -23,9 +24,15 @@ async def active_since(redis: AsyncRedis, since: float) -> set[str]:
     return {as_text(member) for member in await redis.zrangebyscore(ACTIVE_SOURCES, since, "+inf")}
 
 
-# KEYS: a sorted set; ARGV: the lowest score. Its members from there, each followed by its score (text):
-# redis-py's WITHSCORES reply re-encodes each score to bytes and casts it back, most of a read of many.
-SCORED_SINCE = "return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES')"
+# KEYS: a sorted set; ARGV: the lowest score and, for the latest only, how many. Its members from there
+# (with a count: the latest first), each followed by its score (text): redis-py's WITHSCORES reply
+# re-encodes each score to bytes and casts it back, most of a read of many.
+SCORED_SINCE = """
+if ARGV[2] then
+  return redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[2])
+end
+return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES')
+"""
 
 
 async def active_since_each(redis: AsyncRedis, sinces: list[float]) -> list[set[str]]:
@@ -37,27 +44,25 @@ async def active_since_each(redis: AsyncRedis, sinces: list[float]) -> list[set[
     return [{as_text(member) for member in reply} for reply in replies]
 
 
+async def _scored_since(redis: AsyncRedis, key: str, since: float, most: int | None = None) -> dict[str, float]:
+    flat = iter(await redis.register_script(SCORED_SINCE)(keys=[key], args=[since] if most is None else [since, most]))
+    return {as_text(member): float(score) for member, score in zip(flat, flat, strict=True)}
+
+
 async def active_scores(redis: AsyncRedis, since: float) -> dict[str, float]:
     """Sources active at or after ``since`` with the time of their latest activity."""
-    flat = iter(await redis.register_script(SCORED_SINCE)(keys=[ACTIVE_SOURCES], args=[since]))
-    return {as_text(member): float(score) for member, score in zip(flat, flat, strict=True)}
+    return await _scored_since(redis, ACTIVE_SOURCES, since)
 
 
 async def wanting_scores(redis: AsyncRedis, since: float, most: int | None = None) -> dict[str, float]:
     """Sources with an outcome, a split or a task waiting for tokens at or after ``since``
     (``active_sources`` and ``waiting_sources``), with the time of their latest one; with ``most``,
     only the ``most`` latest of each set (so at least the ``most`` latest of both)."""
-    async with redis.pipeline(transaction=False) as pipe:
-        for key in (ACTIVE_SOURCES, WAITING_SOURCES):
-            if most is None:
-                pipe.zrangebyscore(key, since, "+inf", withscores=True)
-            else:
-                pipe.zrevrangebyscore(key, "+inf", since, start=0, num=most, withscores=True)
-        active, waiting = await pipe.execute()
-    scores = {as_text(member): float(score) for member, score in waiting}
-    for member, score in active:
-        source = as_text(member)
-        scores[source] = max(float(score), scores.get(source, float(score)))
+    active, waiting = await asyncio.gather(*(_scored_since(redis, key, since, most)
+                                             for key in (ACTIVE_SOURCES, WAITING_SOURCES)))
+    scores = dict(waiting)
+    for source, score in active.items():
+        scores[source] = max(score, scores.get(source, score))
     return scores
 
 

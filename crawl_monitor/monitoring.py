@@ -17,6 +17,7 @@ active), and the halted names in ``circuit_breaker_tripped`` stop at
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import Counter
@@ -114,12 +115,10 @@ class MonitoringLog:
         if not limited:  # ``listed`` is among them
             return {}, {}
         counters = (contracts.urls_split_key, contracts.urls_ended_key, contracts.resized_key, contracts.errors_key)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget([contracts.rate_limit_key(source) for source in limited])
-            if listed:
-                for key_of in counters:
-                    pipe.mget([key_of(source) for source in listed])
-            rate_limits, *columns = await pipe.execute()
+        # At once, on the client's pipelined connection (redis-py's pipeline packed each key).
+        rate_limits, *columns = await asyncio.gather(
+            self._redis.mget([contracts.rate_limit_key(source) for source in limited]),
+            *(self._redis.mget([key_of(source) for source in listed]) for key_of in counters if listed))
         split, ended, resized, errors = columns or [[] for _ in counters]
         last_50s = await self._keys.lists([contracts.last_50_key(source) for source in listed], 0, -1)
         hashes = await self._keys.hashes([contracts.adaptive_key(source) for source in listed]

@@ -5,6 +5,7 @@ so the operator's CLI does not import the web server to read it.
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 import time
 from collections.abc import Callable
@@ -170,10 +171,9 @@ class ChartReads:
         read: dict[str, SourceState] = {}
         for start in range(0, len(names), KEYS_BATCH):
             batch = names[start:start + KEYS_BATCH]
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.mget([source_requests_key(source) for source in batch])
-                pipe.mget([rate_limit_key(source) for source in batch])
-                requests, rates = await pipe.execute()
+            # At once, on the client's pipelined connection (redis-py's pipeline packed each key).
+            requests, rates = await asyncio.gather(self._redis.mget([source_requests_key(source) for source in batch]),
+                                                   self._redis.mget([rate_limit_key(source) for source in batch]))
             read.update((source, SourceState(requests=count(sent), rate_limit=finite_number(rate)))
                         for source, sent, rate in zip(batch, requests, rates, strict=True))
         if due is None:

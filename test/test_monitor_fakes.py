@@ -319,8 +319,10 @@ class FakeAsyncRedis:
             return dropped
 
         async def scored_since(keys: list[str], args: list) -> list:
-            return [item for pair in store.zrangebyscore(keys[0], args[0], "+inf", withscores=True)
-                    for item in (pair[0], repr(float(pair[1])))]
+            pairs = store.zrangebyscore(keys[0], args[0], "+inf", withscores=True)
+            if len(args) > 1:  # the latest, at most this many
+                pairs = sorted(pairs, key=lambda pair: -pair[1])[:int(args[1])]
+            return [item for pair in pairs for item in (pair[0], repr(float(pair[1])))]
 
         async def read_windows(keys: list[str], args: list) -> list[list[str]]:
             replies = []
