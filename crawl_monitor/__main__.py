@@ -79,6 +79,7 @@ async def _run_components(settings: Settings, redis: aioredis.Redis, lease: Moni
     adaptation = Adaptation(redis, clock=clock.now)
     regulator = Regulator(redis, adaptation, default_rate=settings.default_source_rate,
                           discovery_max_rate=settings.discovery_max_rate, discovery_sources=settings.discovery_sources)
+    lease.on_emptied = regulator.forget_written
     breaker = CircuitBreaker(redis)
     monitoring = MonitoringLog(redis, wall_clock=clock.now)
     dashboard = await _start_dashboard(settings, redis, monitoring, clock.now)

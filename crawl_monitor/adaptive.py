@@ -457,6 +457,10 @@ class Adaptation:
         self._open_counts: dict[str, tuple[float, dict[int, tuple[dict[int, int], int]]]] = {}
         self._last_look = float("-inf")  # when the open buckets were last looked at
 
+    def forget_written(self) -> None:
+        """Redis lost its data: each source's adaptive:{source} is written whole at its next save."""
+        self._held = {}
+
     async def meet(self, sources: Iterable[str]) -> None:
         """Read the saved state and switch of the sources not in memory, before their first grant.
 

@@ -14,6 +14,7 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import Callable
 
 from common import contracts
 from common.jsonlog import log_event
@@ -21,17 +22,18 @@ from common.protocols import AsyncRedis
 from crawl_monitor.constants import LEASE_RENEW_SECONDS, LEASE_TTL_MS
 from crawl_monitor.periodic import Fatal
 
-# Extend our own lease; take it again if it vanished (Redis restarted empty);
+# Extend our own lease (1); take it again if it vanished (2: Redis restarted empty);
 # report 0 if someone else holds it.
 _RENEW = """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 elseif not holder then
-  return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1 or 0
+  return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 2 or 0
 end
 return 0
 """
+RETAKEN = 2
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -50,6 +52,7 @@ def holder_name() -> str:
 class MonitorLease:
     def __init__(self, redis: AsyncRedis, holder: str | None = None, ttl_ms: int = LEASE_TTL_MS):
         self._redis = redis
+        self.on_emptied: Callable[[], None] = lambda: None  # Redis lost its data: what the monitor wrote is gone
         self.holder = holder or holder_name()
         self._ttl_ms = ttl_ms
         self._renew = redis.register_script(_RENEW)
@@ -75,9 +78,14 @@ class MonitorLease:
     async def renew(self) -> None:
         """Called every second (``periodic.every``, which logs a Redis error and tries again the
         next second: the lease outlives a few misses); raises ``LeaseLost`` if another monitor
-        took over meanwhile, which ends the monitor."""
-        if not await self._renew(keys=[contracts.MONITOR_LEASE], args=[self.holder, self._ttl_ms]):
+        took over meanwhile, which ends the monitor. A lease that vanished (Redis restarted
+        empty) is taken again, and ``on_emptied`` told: keys the monitor writes only when they
+        change must be written again."""
+        renewed = await self._renew(keys=[contracts.MONITOR_LEASE], args=[self.holder, self._ttl_ms])
+        if not renewed:
             raise LeaseLost(f"monitor lease now held by {await self._redis.get(contracts.MONITOR_LEASE)!r}")
+        if renewed == RETAKEN:
+            self.on_emptied()
 
     async def release(self) -> None:
         """Hand over at once on a graceful stop, instead of making a standby wait for the expiry."""

@@ -220,6 +220,14 @@ class Regulator:
                       *(rates[s] for s in due)])
             self._rates_written.update((s, (rates[s], now)) for s in due)
 
+    def forget_written(self) -> None:
+        """Redis lost its data: every rate_limit:{source} is written again at the next tick, so
+        no bucket goes without the rate that paces it (``rate_due``), and the back-off's states at
+        their next save."""
+        self._rates_written = {}
+        if self._adaptation is not None:
+            self._adaptation.forget_written()
+
     async def empty_buckets(self) -> None:
         """On a clean stop, take every token back now rather than when the keys expire."""
         keys = [key for source in self.rates

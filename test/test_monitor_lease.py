@@ -44,9 +44,16 @@ async def test_renewal_extends_and_survives_an_emptied_redis(redis_client) -> No
     await redis_client.pexpire(contracts.MONITOR_LEASE, 100)
     await lease.renew()
     assert await redis_client.pttl(contracts.MONITOR_LEASE) > 4000
+    emptied = []
+    lease.on_emptied = lambda: emptied.append(True)
+    await lease.renew()
+    assert emptied == []
     await redis_client.flushdb()  # Redis restarted without persistence: the lease is taken again
     await lease.renew()
     assert await redis_client.get(contracts.MONITOR_LEASE) == "me"
+    assert emptied == [True]  # what the monitor writes only when it changes is written again
+    await lease.renew()
+    assert emptied == [True]
 
 
 async def test_keeping_the_lease_ends_when_another_monitor_holds_it(redis_client) -> None:

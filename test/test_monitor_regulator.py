@@ -351,3 +351,21 @@ async def test_a_source_ticked_at_one_rate_has_its_rate_written_twice_in_ten_sec
     store.commands.clear()
     assert (await regulator.tick(T0 + 10))["example"] == 7
     assert store.get(contracts.rate_limit_key("example")) == "7.0"
+
+
+async def test_after_redis_lost_its_data_every_rate_is_written_at_the_next_tick() -> None:
+    """A bucket without its rate_limit would be spent unpaced by a worker new to the source: once
+    the lease finds Redis emptied (``MonitorLease.on_emptied``), the next tick writes every rate,
+    changed or not, and the back-off's states are saved whole again."""
+    store = RecordingStore()
+    redis = FakeAsyncRedis(store)
+    regulator = regulator_with(redis, example=500_000_000)
+    await run_ticks(regulator, "example", 2)
+    store.data.clear()  # Redis restarted empty
+    store.expiry.clear()
+    activate(redis, "example")
+    await regulator.tick(T0 + 2)
+    assert store.get(contracts.rate_limit_key("example")) is None  # not due: written 2 s ago, as far as it knows
+    regulator.forget_written()
+    await regulator.tick(T0 + 3)
+    assert store.get(contracts.rate_limit_key("example")) == "200.0"
