@@ -545,6 +545,26 @@ async def test_a_new_source_is_judged_each_second_on_the_answers_since_the_last_
     assert float(store.hgetall(contracts.adaptive_key("new"))["effective_rate"]) == 40
 
 
+
+async def test_a_source_back_in_the_window_does_not_count_its_answers_again() -> None:
+    """A slow-starting source with two answers leaves the back-off's window (no answer since the
+    oldest due bucket began) and is back in it at the next due bucket, its two answers still in an
+    open bucket: they were counted again as new, and two answers doubled its grant (4 -> 8)."""
+    redis = FakeAsyncRedis()
+    store = redis.store
+    now = [T0 + 0.5]
+    adaptation = Adaptation(redis, clock=lambda: now[0])
+    grants = []
+    for second in range(12):
+        now[0] = T0 + 0.5 + second
+        if second == 6:
+            answered(store, "two", now[0] - 0.3, 0.03, 2)
+        adaptation.effective("two", 40)
+        await adaptation.update()
+        grants.append(adaptation.effective("two", 40))
+    assert grants == [4.0] * 12
+    assert sum(r.total for r in adaptation.controllers["two"].fresh) == 2
+
 async def test_a_draining_source_lands_at_the_first_look_its_answers_are_fast_again() -> None:
     """The monitor reads a draining source's open buckets each second, as a slow-starting one's:
     its queue at the site gone, it lands then, not when the drain's computed length ends."""
