@@ -83,7 +83,7 @@ def producer_config(hosts: str, **extra: Any) -> dict[str, Any]:
     return {
         **client_config(hosts),
         "acks": "all",
-        "linger.ms": 5,
+        "linger.ms": 50,  # a produce request carries 50 ms of messages: the broker's CPU a URL (docs/decisions.md)
         "message.timeout.ms": 120_000,
         "queue.buffering.max.messages": 200_000,
         **extra,
