@@ -553,13 +553,14 @@ class Adaptation:
         raw_open = iter(opened)
         fresh = {source: self._since_last_look(source, {start: next(raw_open) for start in open_buckets}, now)
                  for source in reread}
-        unread = {source: self._open_counts[source] for source in looked if source not in fresh}
         # A source out of the window for a second keeps its counts while their buckets are open:
         # back in it, the answers already judged are not counted again.
         self._open_counts = {source: (at, counts) for source, (at, counts) in self._open_counts.items()
-                             if source in fresh or source not in looked and max(counts, default=0) >= open_buckets[0]}
-        for source, (_, counts) in unread.items():  # looked at now, as a read finding nothing new leaves them
-            self._open_counts[source] = (now, {start: counts.get(start, ({}, 0)) for start in open_buckets})
+                             if source in looked or max(counts, default=0) >= open_buckets[0]}
+        for source in looked:
+            if source not in fresh:  # looked at now, as a read finding nothing new leaves them
+                counts = self._open_counts[source][1]
+                self._open_counts[source] = (now, {start: counts.get(start, ({}, 0)) for start in open_buckets})
         for source, reading in fresh.items():
             if not reading.total or source in self.disabled:  # switched off meanwhile
                 continue
