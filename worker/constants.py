@@ -107,6 +107,7 @@ HTTP_MAX_INTERIM_RESPONSES = 8     # 1xx answers skipped before the real one; mo
 HTTP_IDLE_SECONDS = 15.0           # an idle keep-alive connection is dropped after this (aiohttp's default)
 IDLE_SWEEP_SECONDS = 5.0           # how often a timer looks for them: none stays idle past 20 s
 HTTP_MAX_IDLE_CONNECTIONS = 256    # idle keep-alive connections kept, all hosts together; the longest idle goes first
+DNS_CACHE_SECONDS = 10.0           # a host's addresses kept for its next connections (aiohttp's connector keeps 10 s)
 
 # --- Imaging: the pool and the analysis (worker/imaging/) ---------------------------------
 REQUESTS_PER_PROCESS = 2           # images in hand per pool process: one analysed, one queued

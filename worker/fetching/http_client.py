@@ -27,7 +27,8 @@ response read to its exact end. Over TLS a body read until the close counts
 only if the server ended it with close_notify: a bare TCP FIN may be a
 truncation. It also does keep-alive per origin (a stale connection is
 retried once on a fresh one), TLS with the system's certificates and address
-resolution through an injected resolver (the SSRF guard's). It asks for
+resolution through an injected resolver (the SSRF guard's), each host's answer kept
+10 s (``address_cache``). It asks for
 ``identity`` encoding and takes gzip or deflate from servers that send them
 anyway, every gzip member of them and nothing after the compressed stream.
 """
@@ -57,6 +58,7 @@ from worker.constants import (CONNECT_TIMEOUT, HTTP_IDLE_SECONDS, HTTP_MAX_HEAD_
                               HTTP_MAX_INTERIM_RESPONSES, HTTP_MAX_LENGTH_DIGITS, HTTP_SCRATCH_BYTES,
                               HTTP_STREAM_BUFFER_BYTES, READ_TIMEOUT)
 from worker.politeness.addresses import system_resolve
+from worker.fetching.address_cache import AddressCache
 from worker.fetching.shared_memory import Body, SegmentPool
 
 
@@ -576,6 +578,7 @@ class HttpClient:
         in the worker); None resolves with the system's resolver, unchecked."""
         self._user_agent = user_agent
         self._resolver = resolver
+        self._resolved = AddressCache(self._lookup)
         self._timeouts = timeouts
         self._ssl = ssl_context or ssl.create_default_context()
         self._idle: dict[Origin, deque[_Connection]] = defaultdict(deque)
@@ -728,7 +731,7 @@ class HttpClient:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._timeouts.connect):
             try:
-                addresses = await self._addresses(host, port)
+                addresses = await self._resolved.addresses(host, port)
             except OSError as exc:  # the name does not resolve: a dead domain
                 raise ConnectFailed(f"cannot resolve {host}: {exc}") from None
             errors = []
@@ -745,7 +748,7 @@ class HttpClient:
                     errors.append(f"{address}: {exc}")
         raise ConnectFailed(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")
 
-    async def _addresses(self, host: str, port: int) -> list[str]:
+    async def _lookup(self, host: str, port: int) -> list[str]:
         """IP literals too go through the resolver: the guard's must see every address."""
         if self._resolver is None:
             return await system_resolve(host, port)

@@ -1,0 +1,51 @@
+"""A host's addresses, kept a few seconds for its next connections; one lookup a host at a time.
+
+Each new connection needs its host's addresses, and a site's first requests open several at
+once. The resolver runs in a thread (the loop must not block), so every lookup costs the
+loop a hand-over and back. An answer is kept for ``DNS_CACHE_SECONDS``, as aiohttp's
+connector keeps its own; a failed lookup is not kept. What is kept is what the resolver
+answered, the SSRF guard's filter included, so a kept answer is one the guard passed.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from worker.constants import DNS_CACHE_SECONDS
+from worker.politeness.ttl_cache import TtlCache
+
+Lookup = Callable[[str, int], Awaitable[list[str]]]
+
+
+class AddressCache:
+    def __init__(self, lookup: Lookup, clock: Callable[[], float] = time.monotonic,
+                 seconds: float = DNS_CACHE_SECONDS):
+        self._lookup = lookup
+        self._seconds = seconds
+        self._kept: TtlCache[tuple[str, int], list[str]] = TtlCache(clock)
+        self._pending: dict[tuple[str, int], asyncio.Task[list[str]]] = {}
+
+    async def addresses(self, host: str, port: int) -> list[str]:
+        """The host's addresses; raises what the lookup raised (OSError, the guard's Refused)."""
+        key = (host, port)
+        kept = self._kept.get(key)
+        if kept is not None:
+            return kept
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._resolve(key))
+            self._pending[key] = pending
+            pending.add_done_callback(lambda done: self._settled(key, done))
+        # A caller's timeout cancels its own wait, not the lookup others wait on too.
+        return await asyncio.shield(pending)
+
+    async def _resolve(self, key: tuple[str, int]) -> list[str]:
+        answer = await self._lookup(*key)
+        self._kept.put(key, answer, self._seconds)
+        return answer
+
+    def _settled(self, key: tuple[str, int], done: asyncio.Task[list[str]]) -> None:
+        del self._pending[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have gone
