@@ -26,6 +26,7 @@ from common import contracts
 from common.kafka import consumer_config
 from devstack.servers import kafka_server
 from test.test_crawl_e2e import assert_none_left
+from url_lists.list_producer import POOL_MIN_ROWS, pool_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,3 +127,16 @@ def test_killed_halfway_and_resumed_every_row_once(own_kafka: str, stack_env: di
     assert len(keys) == rows and set(keys.values()) == {1}, f"{len(keys)} rows, repeats {keys.most_common(2)}"
     sizes = redis.hgetall(contracts.LIST_SOURCE_SIZES)
     assert sizes == {f"site{n}.example": str(rows // 50) for n in range(50)}   # each row counted once
+
+
+@pytest.mark.parametrize("asked, rows_left, processes", [
+    (None, 4_000, 0),                   # a short list: its own thread, no pool to start
+    (None, POOL_MIN_ROWS - 1, 0),
+    (None, POOL_MIN_ROWS, 2),           # a long one: one process per core
+    (None, None, 2),                    # a length no one knows (a JSON array)
+    (3, 4_000, 3),                      # asked for: as asked
+    (0, 10_000_000, 0),
+])
+def test_a_pool_is_started_for_long_lists_or_when_asked(asked: int | None, rows_left: int | None,
+                                                          processes: int) -> None:
+    assert pool_processes(asked, rows_left, cores=2) == processes

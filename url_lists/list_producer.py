@@ -51,6 +51,9 @@ FLUSH_SECONDS = 10.0
 # Messages the Kafka client may hold unacknowledged: a second of the producer's rate, and the
 # bound on its memory (~30 MiB) whatever the list's length or the broker's pace.
 QUEUED_MESSAGES = 100_000
+# A list shorter than this is converted on the producer's own thread: ~36 µs a row there on a slow
+# 2-core machine (3.6 s for the lot) against ~0.9 s of CPU to start a pool of two (docs/decisions.md).
+POOL_MIN_ROWS = 100_000
 # KEYS: the sizes hash, the run's counted mark; ARGV: the new mark, its expiry, then source, count pairs.
 COUNT = """
 for i = 3, #ARGV, 2 do
@@ -214,6 +217,15 @@ class InProcess(Executor):
         return done
 
 
+def pool_processes(asked: int | None, rows_left: int | None, cores: int) -> int:
+    """Processes to convert rows in: as asked, else one per core unless the list is known short."""
+    if asked is not None:
+        return asked
+    if rows_left is not None and rows_left < POOL_MIN_ROWS:
+        return 0
+    return cores
+
+
 def _pool(processes: int) -> Executor:
     if processes == 0:
         return InProcess()
@@ -241,9 +253,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the column of identifiers (default: one derived from the URL, stable)")
     parser.add_argument("--source-col", "--source_col",
                         help="the column of source names (default: each URL's registrable domain)")
-    parser.add_argument("--processes-count", "--processes_count", type=int, default=os.cpu_count() or 1,
-                        help="processes that parse and check the URLs (default: one per core; 0: none, "
-                             "the producer's own thread does it)")
+    parser.add_argument("--processes-count", "--processes_count", type=int,
+                        help="processes that parse and check the URLs (default: one per core, none for a list "
+                             f"of fewer than {POOL_MIN_ROWS:,} rows; 0: none, the producer's own thread does it)")
     parser.add_argument("--kafka-hosts", help="bootstrap servers (default: KAFKA_HOSTS)")
     parser.add_argument("--progress-file", type=Path,
                         help="where the progress is kept for a resume (default: .list_producer/RUN.json)")
@@ -263,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadFile as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.processes_count < 0:
+    if args.processes_count is not None and args.processes_count < 0:
         print("error: --processes-count must be 0 or more", file=sys.stderr)
         return 2
     if any(kind == "txt" for kind in formats) and (columns.id or columns.source):
@@ -298,11 +310,13 @@ def main(argv: list[str] | None = None) -> int:
                                                       "queue.buffering.max.messages": QUEUED_MESSAGES}))
         total = total_rows(files, formats)
         done_before = 0 if total is None else _rows_before(files, formats, progress)
+        processes = pool_processes(args.processes_count, None if total is None else total - done_before,
+                                   os.cpu_count() or 1)
         with tqdm(total=total, initial=done_before, unit="rows", unit_scale=True, smoothing=0.1,
                   disable=not sys.stderr.isatty()) as bar, \
-                _pool(args.processes_count) as pool:
+                _pool(processes) as pool:
             producer_obj = ListProducer(producer, pool, files, formats, columns, progress, sizes, already, bar,
-                                        ahead=2 * max(1, args.processes_count))
+                                        ahead=2 * max(1, processes))
             producer_obj.run(progress_path)
         progress.done = True
         progress.save(progress_path)
