@@ -8,11 +8,11 @@ answered, the SSRF guard's filter included, so a kept answer is one the guard pa
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
 from worker.constants import DNS_CACHE_SECONDS
+from worker.politeness.single_flight import SingleFlight
 from worker.politeness.ttl_cache import TtlCache
 
 Lookup = Callable[[str, int], Awaitable[list[str]]]
@@ -24,7 +24,7 @@ class AddressCache:
         self._lookup = lookup
         self._seconds = seconds
         self._kept: TtlCache[tuple[str, int], list[str]] = TtlCache(clock)
-        self._pending: dict[tuple[str, int], asyncio.Task[list[str]]] = {}
+        self._looking_up: SingleFlight[tuple[str, int], list[str]] = SingleFlight()
 
     async def addresses(self, host: str, port: int) -> list[str]:
         """The host's addresses; raises what the lookup raised (OSError, the guard's Refused)."""
@@ -32,20 +32,9 @@ class AddressCache:
         kept = self._kept.get(key)
         if kept is not None:
             return kept
-        pending = self._pending.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(self._resolve(key))
-            self._pending[key] = pending
-            pending.add_done_callback(lambda done: self._settled(key, done))
-        # A caller's timeout cancels its own wait, not the lookup others wait on too.
-        return await asyncio.shield(pending)
+        return await self._looking_up.run(key, lambda: self._resolve(key))
 
     async def _resolve(self, key: tuple[str, int]) -> list[str]:
         answer = await self._lookup(*key)
         self._kept.put(key, answer, self._seconds)
         return answer
-
-    def _settled(self, key: tuple[str, int], done: asyncio.Task[list[str]]) -> None:
-        del self._pending[key]
-        if not done.cancelled():
-            done.exception()  # retrieved: every waiter may have gone

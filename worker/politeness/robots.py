@@ -40,6 +40,7 @@ from worker.politeness.addresses import AddressGuard
 from worker.politeness.consent import Decision, usage_refusal
 from worker.politeness.path_pattern import LongestMatch, url_path
 from worker.politeness.robots_group import CONTENT_USAGE_DIRECTIVE, GroupTooLarge, groups_for
+from worker.politeness.single_flight import SingleFlight
 from worker.politeness.ttl_cache import TtlCache
 
 ROBOTS_TTL = 24 * 3600            # RFC 9309: cache no longer than 24 hours
@@ -316,7 +317,7 @@ class RobotsCache:
         self._wall = wall  # Unix time: retry times are shared by the cluster
         self._backoff = backoff
         self._memory: TtlCache[str, Rules] = TtlCache(clock, max_bytes=memory_bytes)
-        self._loading: dict[str, asyncio.Future[Rules]] = {}
+        self._loading: SingleFlight[str, Rules] = SingleFlight()
         self._read_or_lock = redis.register_script(READ_OR_LOCK)
         self._store_and_unlock = redis.register_script(STORE_AND_UNLOCK)
         self._unlock = redis.register_script(UNLOCK)
@@ -335,12 +336,8 @@ class RobotsCache:
         rules = self._memory.get(origin)
         if rules is not None:
             return rules
-        loading = self._loading.get(origin)
-        if loading is None:  # one load per origin per process, however many URLs wait
-            loading = asyncio.ensure_future(self._load(origin))
-            self._loading[origin] = loading
-            loading.add_done_callback(lambda _: self._loading.pop(origin, None))
-        return await asyncio.shield(loading)
+        # One load per origin per process, however many URLs wait.
+        return await self._loading.run(origin, lambda: self._load(origin))
 
     def memory_held(self) -> tuple[int, int]:
         """The origins whose rules this process holds, and their bytes (within ``memory_bytes``)."""
