@@ -30,7 +30,10 @@ in robots.txt, some answer 500 to everything, the busiest answers 500 to 2%, som
 have no server, and 1 URL in 33 is a 404. Both read the same Parquet file: this crawler
 through ``url_lists.list_producer`` (each site rated by its count in the list, as a real
 list crawl is), with every politeness rule on but the private-network guard and the
-per-host cap at its default; ``--env NAME=VALUE`` passes it a setting. Printed for each:
+per-host cap at its default; ``--env NAME=VALUE`` passes it a setting. Each round runs this
+crawler in each configuration ``--ours`` names, after img2dataset: ``folder``, as ``python -m
+url_lists crawl`` runs it (thumbnails written into a folder, as img2dataset writes its files;
+no S3 server), and ``s3``, the stack's default (thumbnails PUT to the local S3). Printed for each:
 the time to the last outcome (this crawler's round stops at ``--timeout`` and is reported
 unfinished; URLs of dead hosts wait for their robots.txt by design, so they are counted
 apart), images a second, CPU per image, the busiest site's most requests in a second,
@@ -78,6 +81,9 @@ PER_HOST_CONNECTIONS = 8 * SOURCES
 TARGET, JPEG_QUALITY = 640, 85  # TARGET_RESOLUTION's default and the worker's thumbnail quality
 TIMEOUT = 900.0
 REAL_URLS, REAL_TIMEOUT = 4000, 600.0
+# This crawler's configurations in the real-shaped rounds: where its thumbnails go.
+FOLDER, S3 = "folder", "s3"
+OURS = {FOLDER: "ours (folder)", S3: "ours (S3)"}
 
 
 @dataclass(frozen=True)
@@ -245,10 +251,11 @@ class RealRun:
 REAL_HEADER = (f"{'system':<14}{'last outcome s':>20}{'outcomes':>14}{'images':>7}{'img/s':>8}{'CPU ms':>9}"
                f"{'+servers':>10}{'busiest':>9}{'peak':>9}{'disallowed':>12}{'1st req':>9}{'span':>8}"
                f"{'busiest done':>14}")
-REAL_LEGEND = ("CPU ms: per image, the crawler's processes (+servers: with Kafka, Redis, S3); busiest: the "
-               "busiest site's most requests in one second; peak: any site's; disallowed: requests (not robots.txt) "
-               "to sites whose robots.txt forbids everything; 1st req: seconds from the start to the sites' first "
-               "image request; span: from it to their last; busiest done: to the busiest site's last")
+REAL_LEGEND = ("CPU ms: per image, the crawler's processes (+servers: with Kafka, Redis and, for ours (S3), S3); "
+               "busiest: the busiest site's most requests in one second; peak: any site's; disallowed: "
+               "requests (not robots.txt) to sites whose robots.txt forbids everything; 1st req: seconds "
+               "from the start to the sites' first image request; span: from it to their last; busiest "
+               "done: to the busiest site's last")
 
 
 def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Path, work: Path,
@@ -267,18 +274,21 @@ def run_peer_real(real: RealWeb, url_list: Path, hosts_file: Path, resolver: Pat
 
 
 def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, keep: bool, timeout: float,
-                  settings: dict[str, str], trace: tuple[str, ...] = ()) -> RealRun:
+                  settings: dict[str, str], trace: tuple[str, ...] = (), configuration: str = S3) -> RealRun:
     """Every politeness rule on but the private-network guard; each site rated by its count in
-    the list (the list producer); workers that resolve from the hosts file only."""
-    web = WebApart(real.specs, log_path=sites_log(work, keep, "ours"))
-    stack = LocalStack(work / "stack")
+    the list (the list producer); workers that resolve from the hosts file only. ``configuration``
+    FOLDER: thumbnails into a folder and no S3 server, as the one command runs; S3: the stack's."""
+    web = WebApart(real.specs, log_path=sites_log(work, keep, configuration))
+    stack = LocalStack(work / f"stack-{configuration}", s3=configuration == S3)
+    if configuration == FOLDER:
+        settings = {"THUMBNAIL_DIR": str(work / f"thumbnails-{configuration}"), **settings}
     with web.serving(), stack as addresses:  # the web's CPU is its own: it stops after the count
         servers = [s.process.pid for s in stack.servers if s.process]
         base = {**os.environ, **addresses.environment(), "PYTHONPATH": str(ROOT)}
         servers0, cpu0, started, wall_clock = proc_cpu(servers), children_cpu(), time.monotonic(), time.time()
         sampler = KindSampler(os.getpid(), skip=frozenset({web.pid or 0}), root_kind="bench")
         with GrantSampler(addresses.redis_url, trace) as grants, \
-                crawl(web, real.plan, base, work / "ours", PROCESSES, worker_module="test.resolving_worker",
+                crawl(web, real.plan, base, work / configuration, PROCESSES, worker_module="test.resolving_worker",
                       url_list=url_list, **{HOSTS_FILE_ENV: str(hosts_file)}, **settings) as (cluster, outcomes):
             # A dead host's robots.txt is an outage: its URLs wait (ROBOTS_UNAVAILABLE_GIVE_UP), counted apart.
             live = {p.uuid for p in real.plan if p.source not in real.dead_sites}
@@ -292,8 +302,8 @@ def run_ours_real(real: RealWeb, url_list: Path, hosts_file: Path, work: Path, k
         split = sampler.split()
     waiting = Counter(p.source for p in real.plan if p.uuid not in outcomes.kinds)
     times = image_requests(web)
-    return RealRun("this crawler", len(outcomes.kinds), outcomes.totals()[QUALITY], last, finished, cpu,
-                   sites_saw(real, web), server_cpu, halts(work / "ours" / "monitor.log", real.sites[0].site),
+    return RealRun(OURS[configuration], len(outcomes.kinds), outcomes.totals()[QUALITY], last, finished, cpu,
+                   sites_saw(real, web), server_cpu, halts(work / configuration / "monitor.log", real.sites[0].site),
                    waiting=dict(waiting.most_common()), first_request=times[0] - wall_clock,
                    span=times[-1] - times[0], busiest_done=busiest_last(real, web) - wall_clock,
                    web_late=[late for _, late in web.late],
@@ -336,7 +346,7 @@ def main_real(args: argparse.Namespace) -> None:
     settings = dict(item.split("=", 1) for item in args.env)
     unloaded = unloaded_latency(real)
     kept = contextlib.nullcontext(str(args.keep)) if args.keep else None
-    runs: list[tuple[RealRun, RealRun]] = []
+    runs: list[tuple[RealRun, ...]] = []  # a round: img2dataset's run, then ours in each configuration
     with kept or tempfile.TemporaryDirectory(prefix="bench-peer-real-") as tmp:
         work = Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -347,64 +357,68 @@ def main_real(args: argparse.Namespace) -> None:
             folder = work / str(round_)
             folder.mkdir()
             peer = run_peer_real(real, url_list, hosts_file, resolver, folder, keep)
-            ours = run_ours_real(real, url_list, hosts_file, folder, keep, args.timeout, settings, tuple(args.trace))
-            runs.append((peer, ours))
-            print(f"round {round_ + 1}: img2dataset {peer.last_outcome:.1f} s, this crawler "
-                  f"{ours.last_outcome:.1f} s{'' if ours.finished else ' (did not finish)'}", flush=True)
+            ours = tuple(run_ours_real(real, url_list, hosts_file, folder, keep, args.timeout, settings,
+                                       tuple(args.trace), configuration) for configuration in args.ours)
+            runs.append((peer, *ours))
+            print(f"round {round_ + 1}: img2dataset {peer.last_outcome:.1f} s, " + ", ".join(
+                f"{run.system} {run.last_outcome:.1f} s{'' if run.finished else ' (did not finish)'}"
+                for run in ours), flush=True)
     report_real(real, runs, unloaded, args, settings)
 
 
-def report_real(real: RealWeb, runs: list[tuple[RealRun, RealRun]], unloaded: dict[str, float | None],
+def report_real(real: RealWeb, runs: list[tuple[RealRun, ...]], unloaded: dict[str, float | None],
                 args: argparse.Namespace, settings: dict[str, str]) -> None:
     print(f"\nreal-shaped list (seed {args.seed}): {real.describe()}")
     print(f"{PROCESSES} processes each, {TARGET} px JPEG q{JPEG_QUALITY}; {os.cpu_count()} cores; this crawler's "
           f"settings: {settings or 'defaults'}; its round capped at {args.timeout:.0f} s")
     print(REAL_HEADER)
-    for peer, ours in runs:
-        print(peer.row(len(real.plan)))
-        print(ours.row(len(real.plan)))
+    for round_ in runs:
+        for run in round_:
+            print(run.row(len(real.plan)))
     print(REAL_LEGEND)
-    for n, (peer, ours) in enumerate(runs, 1):
-        dead = sum(ours.waiting.get(name, 0) for name in real.dead_sites)
-        others = {name: count for name, count in ours.waiting.items() if name not in real.dead_sites}
-        print(f"round {n}: this crawler's breaker halted the busiest site {ours.halts[0]} times, "
-              f"{ours.halts[1]} halts in all; {dead} URLs of dead hosts wait for robots.txt (not counted)"
-              + (f"; without an outcome: {list(others.items())[:5]}" if others else ""))
-        verdict = (f"{ours.last_outcome / peer.last_outcome:.2f}x img2dataset's" if ours.finished else
-                   f"did not finish in {ours.last_outcome:.0f} s ({ours.outcomes} of {len(real.plan)} outcomes), "
-                   f"over {ours.last_outcome / peer.last_outcome:.1f}x img2dataset's")
+    for n, (peer, *ours) in enumerate(runs, 1):
+        for run in ours:
+            dead = sum(run.waiting.get(name, 0) for name in real.dead_sites)
+            others = {name: count for name, count in run.waiting.items() if name not in real.dead_sites}
+            print(f"round {n}: {run.system}: the breaker halted the busiest site {run.halts[0]} times, "
+                  f"{run.halts[1]} halts in all; {dead} URLs of dead hosts wait for robots.txt (not counted)"
+                  + (f"; without an outcome: {list(others.items())[:5]}" if others else ""))
         print(f"round {n}: the simulated web ran late (> {LATE_SECONDS} s) "
               + "; ".join(f"under {run.system} {len(run.web_late)} times, at most {max(run.web_late, default=0):.2f} s "
                           f"({len(run.web_gc)} full collections, the longest {max(run.web_gc, default=0):.2f} s)"
-                          for run in (peer, ours)))
+                          for run in (peer, *ours)))
         print(f"round {n}: the sites asked last, seconds after the first image request: "
               + "; ".join(f"{run.system} " + ", ".join(f"{site} {at:.1f}" for site, at in run.last_sites)
-                          for run in (peer, ours)))
+                          for run in (peer, *ours)))
         print(f"round {n}: CPU ms an image by process kind (sampled every 0.5 s): "
-              f"img2dataset: {per_image_by_kind(peer.split, peer.images)}; "
-              f"this crawler: {per_image_by_kind(ours.split, ours.images)}")
-        print(f"round {n}: this crawler's time to the last outcome {verdict}; "
-              f"CPU per image {ours.cpu / max(1, ours.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
-        if ours.trace:
-            print(f"round {n}: this crawler's grant beside the traced sites' requests:", *ours.trace, sep="\n")
+              + "; ".join(f"{run.system}: {per_image_by_kind(run.split, run.images)}" for run in (peer, *ours)))
+        for run in ours:
+            verdict = (f"{run.last_outcome / peer.last_outcome:.2f}x img2dataset's" if run.finished else
+                       f"did not finish in {run.last_outcome:.0f} s ({run.outcomes} of {len(real.plan)} outcomes), "
+                       f"over {run.last_outcome / peer.last_outcome:.1f}x img2dataset's")
+            print(f"round {n}: {run.system}: time to the last outcome {verdict}; CPU per image "
+                  f"{run.cpu / max(1, run.images) / (peer.cpu / max(1, peer.images)):.0%} of img2dataset's")
+            if run.trace:
+                print(f"round {n}: {run.system}: the grant beside the traced sites' requests:", *run.trace, sep="\n")
     if len(runs) > 1:  # a round's ratio moves with the machine's minute: the spread says how much
-        times = sorted(ours.last_outcome / peer.last_outcome for peer, ours in runs)
-        print(f"over {len(runs)} rounds: this crawler's time to the last outcome {statistics.median(times):.2f}x "
-              f"img2dataset's (median; {times[0]:.2f}-{times[-1]:.2f}x), "
-              f"{sum(ours.finished for _, ours in runs)} rounds finished")
-    for system, index in (("img2dataset", 0), ("this crawler", 1)):
-        worst = [max((run[index].saw.fragile_ms[s.site] or 0.0) / (unloaded[s.site] or 1.0) for s in real.fragile)
-                 for run in runs]
+        for index, configuration in enumerate(args.ours, 1):
+            times = sorted(round_[index].last_outcome / round_[0].last_outcome for round_ in runs)
+            print(f"over {len(runs)} rounds: {OURS[configuration]}: time to the last outcome "
+                  f"{statistics.median(times):.2f}x img2dataset's (median; {times[0]:.2f}-{times[-1]:.2f}x), "
+                  f"{sum(round_[index].finished for round_ in runs)} rounds finished")
+    for index, system in enumerate(("img2dataset", *(OURS[c] for c in args.ours))):
+        worst = [max((round_[index].saw.fragile_ms[s.site] or 0.0) / (unloaded[s.site] or 1.0) for s in real.fragile)
+                 for round_ in runs]
         print(f"{system}: the worst fragile site's median latency per round: "
               + ", ".join(f"{ratio:.1f}x" for ratio in worst) + " its unloaded")
     print("fragile sites, median latency at the site (ms), x its unloaded median:")
     for site in real.fragile:
         base = unloaded[site.site]
         cells = []
-        for n, (peer, ours) in enumerate(runs, 1):
-            for run in (peer, ours):
+        for n, round_ in enumerate(runs, 1):
+            for run in round_:
                 ms = run.saw.fragile_ms[site.site]
-                cells.append(f"r{n} {'i2d' if run is peer else 'ours'} "
+                cells.append(f"r{n} {run.system} "
                              + ("-" if ms is None or base is None else f"{ms:.0f} ({ms / base:.1f}x)"))
         print(f"  {site.host} ({site.urls} URLs, {site.slots} slots): unloaded "
               f"{'-' if base is None else f'{base:.0f}'}; " + ", ".join(cells))
@@ -422,7 +436,11 @@ def main() -> None:
                         help="real: seconds this crawler's round may take before it is reported unfinished")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="real: a setting for this crawler's processes (repeatable)")
-    parser.add_argument("--rounds", type=int, default=1, help="alternate the two this many times")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the crawlers this many times")
+    parser.add_argument("--ours", action="append", choices=tuple(OURS), metavar="CONFIGURATION",
+                        help=f"real: this crawler's configurations, each round (repeatable; default both): "
+                             f"{FOLDER}: thumbnails into a folder, no S3 server, as python -m url_lists crawl runs; "
+                             f"{S3}: thumbnails to the local S3, the stack's default")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep its logs, the sites' requests too "
                         "(default: a temporary one)")
     parser.add_argument("--trace", action="append", default=[], metavar="SITE",
@@ -434,6 +452,7 @@ def main() -> None:
                              "(bench/peer_one_command.py)")
     args = parser.parse_args()
     if args.shape == "real":
+        args.ours = args.ours or [FOLDER, S3]
         main_real(args)
         return
     args.urls = args.urls or 2000
