@@ -126,6 +126,10 @@ def test_reservations_follow_need_and_leave_room_for_floors() -> None:
     # A source that needs no more than its floor runs on it: 3,000 sources at 0.5 req/s x 1 s
     # x 2 once reserved a slot each and left the fast source one slot of its 20 (issue 20).
     assert reserve({"fast": 20.0, **{f"s{i}": 1.0 for i in range(3000)}}, capacity=500, floor=1) == {"fast": 20}
+    # The same, told how many sources share the worker rather than handed those at their floor.
+    assert reserve({"huge": 2000.0}, capacity=100, floor=1, sources=501) == crowded
+    assert reserve({"fast": 20.0}, capacity=500, floor=1, sources=3001) == {"fast": 20}
+    assert reserve({"a": 30.0, "b": 10.0}, capacity=22, floor=1, sources=2) == {"a": 15, "b": 5}
 
 
 @pytest.mark.parametrize("pace, latency, held, slots", [

@@ -349,16 +349,19 @@ class Scheduler:
         fast: dict[str, Lane] = {}
         slow_demand = 0.0
         working = self._lanes.working()
+        rate, slow_start_limit = self._view.rate, self._view.slow_start_limit
         for source, lane in working.items():  # one pass: 10,000 sources at 100,000
-            pace = self._pace(source)
-            needs[source] = need(pace, lane.latency, len(lane.queue) + lane.running, CONCURRENCY_HEADROOM)
+            pace = sizing.pace(rate(source), slow_start_limit(source))
+            held = len(lane.queue) + lane.running
+            if held > MIN_TASKS_PER_SOURCE:  # one holding no more than its floor is never reserved
+                needs[source] = need(pace, lane.latency, held, CONCURRENCY_HEADROOM)
             if pace >= FAST_SOURCE_RATE:
                 fast[source] = lane
             else:
                 slow_demand += pace
         for lane in self._lanes.reserved.values():
             lane.reserved = 0
-        reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE)
+        reserved = reserve(needs, self._max_tasks, MIN_TASKS_PER_SOURCE, sources=len(working))
         for source, slots in reserved.items():
             working[source].reserved = slots
         for source, lane in self._lanes.fast.items():

@@ -22,9 +22,11 @@ def need(pace: float, latency: float, held: int, headroom: float) -> float:
     return min(pace * latency * headroom, float(held))
 
 
-def reserve(needs: dict[str, float], capacity: int, floor: int) -> dict[str, int]:
-    """Slots reserved per source (its need rounded down), scaled to leave room for the floors."""
-    shared = min(floor * len(needs), capacity // 2)
+def reserve(needs: dict[str, float], capacity: int, floor: int, sources: int | None = None) -> dict[str, int]:
+    """Slots reserved per source (its need rounded down), scaled to leave room for the floors of
+    ``sources`` (default: those in ``needs``; a caller may leave out the sources that hold no more
+    than the floor, which are never reserved)."""
+    shared = min(floor * (len(needs) if sources is None else sources), capacity // 2)
     budget = capacity - shared
     wanted = {source: int(need) for source, need in needs.items() if int(need) > floor}
     total = sum(wanted.values())
