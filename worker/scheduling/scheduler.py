@@ -349,9 +349,8 @@ class Scheduler:
         fast: dict[str, Lane] = {}
         slow_demand = 0.0
         working = self._lanes.working()
-        rate, slow_start_limit = self._view.rate, self._view.slow_start_limit
         for source, lane in working.items():  # one pass: 10,000 sources at 100,000
-            pace = sizing.pace(rate(source), slow_start_limit(source))
+            pace = self._pace(source)
             held = len(lane.queue) + lane.running
             if held > MIN_TASKS_PER_SOURCE:  # one holding no more than its floor is never reserved
                 needs[source] = need(pace, lane.latency, held, CONCURRENCY_HEADROOM)
